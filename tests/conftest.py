@@ -1,0 +1,49 @@
+"""Test configuration: markers, automatic skips, hypothesis profiles.
+
+Markers (declared in pyproject.toml):
+  gpu     needs a CUDA device; skipped without one (never in CI).
+  sglang  needs ``import sglang`` to work; skipped where SGLang is not installed.
+  slow    long-running; skipped unless ``--run-slow`` is given.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default",
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+# CI draws the same examples on every run, so a red build is reproducible from its log.
+settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reasons = {}
+    if not _has_cuda():
+        reasons["gpu"] = "needs a CUDA device (torch.cuda.is_available() is False)"
+    if importlib.util.find_spec("sglang") is None:
+        reasons["sglang"] = "needs SGLang installed (pip install sglang==0.5.23)"
+    if not config.getoption("--run-slow"):
+        reasons["slow"] = "slow test; pass --run-slow to run it"
+    for item in items:
+        for marker, reason in reasons.items():
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,0 +1,31 @@
+"""Packaging promises: a light import, the public API, the shipped data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import xshare_sglang
+
+
+def test_import_loads_neither_sglang_nor_triton() -> None:
+    code = (
+        "import sys, xshare_sglang, xshare_sglang.policies, xshare_sglang.replay, xshare_sglang.kernels, "
+        "xshare_sglang.spec, xshare_sglang.cli\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'triton')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_public_api() -> None:
+    assert {"PrunerConfig", "select_experts_mask", "route_within", "oracle_ranking"} <= set(xshare_sglang.__all__)
+
+
+def test_shipped_traces_and_licence() -> None:
+    from importlib import resources
+
+    folder = resources.files("xshare_sglang") / "data" / "route_traces"
+    names = {entry.name for entry in folder.iterdir()}
+    assert {"gptoss.route.csv", "gemma.route.csv", "LICENSE.Apache-2.0", "SOURCE_COMMIT", "README.md"} <= names
+    assert "Apache License" in (folder / "LICENSE.Apache-2.0").read_text()

@@ -1,0 +1,81 @@
+"""The inputs one policy call sees, prepared once, and the result it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
+
+import torch
+
+from ..config import PrunerConfig
+from .scores import aggregate, quantize_scores, token_scores
+
+
+@dataclass
+class LayerBatch:
+    """One MoE layer call, as every policy reads it.
+
+    Attributes
+    ----------
+    logits : Tensor, shape [T, E], float32
+        Sanitized router logits (:func:`~xshare_sglang.policies.scores.sanitize_logits`).
+    valid : Tensor, shape [T], bool
+        Real tokens; padded rows are False and never vote.
+    cfg : PrunerConfig
+    top_k : int
+        The model's routed experts per token.
+    tokens_per_request : int
+        D: request r owns rows ``[r*D, (r+1)*D)``.
+    scoring : {"softmax", "sigmoid"}
+    expert_to_rank : Tensor, shape [E], int, or None
+    layer_id : int or None
+    """
+
+    logits: torch.Tensor
+    valid: torch.Tensor
+    cfg: PrunerConfig
+    top_k: int
+    tokens_per_request: int
+    scoring: str
+    expert_to_rank: torch.Tensor | None
+    layer_id: int | None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def num_experts(self) -> int:
+        return self.logits.shape[1]
+
+    @cached_property
+    def num_valid(self) -> torch.Tensor:
+        """Count of real tokens, a 0-d int64 device tensor."""
+        return self.valid.sum()
+
+    @cached_property
+    def quantized_scores(self) -> torch.Tensor:
+        """Fixed-point per-token scores of the configured kind, shape [T, E], int64."""
+        scores = token_scores(self.logits, score=self.cfg.effective_score, scoring=self.scoring, top_k=self.top_k)
+        return quantize_scores(scores)
+
+    @cached_property
+    def batch_aggregate(self) -> torch.Tensor:
+        """Aggregate score of every expert over the valid tokens, shape [E], int64."""
+        return aggregate(self.quantized_scores, self.valid)
+
+
+class Selection(NamedTuple):
+    """A policy's answer before the common controls.
+
+    Attributes
+    ----------
+    keep : Tensor, shape [E], bool
+    warm : Tensor, shape [E], bool
+        Warm-up experts (kept first when ``max_experts`` caps the mask); empty for policies
+        without a warm-up.
+    """
+
+    keep: torch.Tensor
+    warm: torch.Tensor

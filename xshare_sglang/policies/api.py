@@ -1,0 +1,154 @@
+"""``select_experts_mask``: the keep mask of any policy, with the common controls applied.
+
+This is the pure-torch reference of DESIGN section 4: the specification in code, the CPU path, and
+the fallback on GPU.  It never synchronises with the host: budgets and switches are Python values
+from the config, and the real-token count may stay on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..config import POLICIES, PrunerConfig
+from ._batch import LayerBatch, Selection
+from .lynx import select_lynx
+from .moe_spec import select_moe_spec
+from .scores import SCORINGS, descending_order, positions_in_order, sanitize_logits, valid_token_mask
+from .xshare import (
+    select_oea,
+    select_xshare,
+    select_xshare_ep,
+    select_xshare_spec,
+    select_xshare_threshold,
+)
+
+_WARM_FIRST = 1 << 62  # above any aggregate of fewer than 2**30 tokens
+
+POLICY_FUNCTIONS: dict[str, Callable[[LayerBatch], Selection]] = {
+    "oea": select_oea,
+    "xshare": select_xshare,
+    "xshare-threshold": select_xshare_threshold,
+    "xshare-spec": select_xshare_spec,
+    "xshare-ep": select_xshare_ep,
+    "moe-spec": select_moe_spec,
+    "lynx": select_lynx,
+}
+assert set(POLICY_FUNCTIONS) == set(POLICIES) - {"none"}
+
+
+def check_routing_args(logits: torch.Tensor, top_k: int, scoring: str) -> None:
+    """Validate the arguments shared by selection and routing; raise ``ValueError`` naming them."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a 2-D tensor [num_tokens, num_experts], got {shape}")
+    if not (logits.is_floating_point()):
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    num_experts = logits.shape[1]
+    if num_experts < 1:
+        raise ValueError("logits must have at least one expert column")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k={top_k!r} is invalid: must be an integer in [1, {num_experts}]")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring={scoring!r} is invalid: choose one of {', '.join(SCORINGS)}")
+
+
+def cap_experts(selection: Selection, agg: torch.Tensor, max_experts: int) -> torch.Tensor:
+    """Keep at most ``max_experts`` of the selection: warm-up experts first, then by aggregate.
+
+    Parameters
+    ----------
+    selection : Selection
+    agg : Tensor, shape [E], int64
+    max_experts : int
+
+    Returns
+    -------
+    Tensor, shape [E], bool
+    """
+    key = torch.where(selection.keep, selection.warm.to(torch.int64) * _WARM_FIRST + agg, -1)
+    return selection.keep & (positions_in_order(descending_order(key)) < max_experts)
+
+
+def select_experts_mask(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    *,
+    top_k: int,
+    tokens_per_request: int = 1,
+    num_valid_tokens: int | torch.Tensor | None = None,
+    expert_to_rank: torch.Tensor | None = None,
+    scoring: str = "softmax",
+    layer_id: int | None = None,
+) -> torch.Tensor:
+    """The experts one MoE layer call keeps.
+
+    Parameters
+    ----------
+    logits : Tensor, shape [T, E], float32 / bfloat16 / float16
+        Router logits of the layer call (rows at or after ``num_valid_tokens`` are padding).
+    cfg : PrunerConfig
+    top_k : int
+        The model's routed experts per token.
+    tokens_per_request : int
+        D, for ``xshare-spec``: request r owns rows ``[r*D, (r+1)*D)``.
+    num_valid_tokens : int or one-element Tensor, optional
+        Real tokens (the first rows).  ``None``: all T.  A device tensor is read on the device.
+    expert_to_rank : Tensor, shape [E], integer, optional
+        Rank that holds each expert (ids ``0..G-1``); required by ``xshare-ep``.
+    scoring : {"softmax", "sigmoid"}
+        The model's scoring function.
+    layer_id : int, optional
+        Layer index, needed by ``moe-spec`` with ``ranking="static"`` when the file has several
+        layers (an addition to DESIGN section 4's signature; other policies ignore it).
+
+    Returns
+    -------
+    Tensor, shape [E], bool, on ``logits.device``.
+        ``none``: all True.  Any other policy with no valid token: all False.  Outside
+        ``[min_tokens, max_tokens]`` real tokens: all True (the layer call is not pruned).
+
+    Raises
+    ------
+    ValueError
+        Bad shapes or arguments, ``k0 > top_k``, a missing ``expert_to_rank`` for ``xshare-ep``, or a
+        static ranking that does not match E.
+    """
+    if not isinstance(cfg, PrunerConfig):
+        raise ValueError(f"cfg must be a PrunerConfig, got {type(cfg).__name__}")
+    check_routing_args(logits, top_k, scoring)
+    num_tokens, num_experts = logits.shape
+    if cfg.policy == "none":
+        return torch.ones(num_experts, dtype=torch.bool, device=logits.device)
+    cfg.validate_for_model(top_k=top_k, num_experts=num_experts if cfg.ranking == "static" else None)
+    if isinstance(tokens_per_request, bool) or not isinstance(tokens_per_request, int) or tokens_per_request < 1:
+        raise ValueError(f"tokens_per_request={tokens_per_request!r} is invalid: must be an integer >= 1")
+    if cfg.policy == "xshare-ep":
+        if expert_to_rank is None:
+            raise ValueError("policy 'xshare-ep' needs expert_to_rank: the rank holding each expert")
+        if expert_to_rank.shape != (num_experts,):
+            raise ValueError(f"expert_to_rank must have shape ({num_experts},), got {tuple(expert_to_rank.shape)}")
+
+    batch = LayerBatch(
+        logits=sanitize_logits(logits),
+        valid=valid_token_mask(num_tokens, num_valid_tokens, logits.device),
+        cfg=cfg,
+        top_k=top_k,
+        tokens_per_request=tokens_per_request,
+        scoring=scoring,
+        expert_to_rank=expert_to_rank,
+        layer_id=layer_id,
+    )
+    selection = POLICY_FUNCTIONS[cfg.policy](batch)
+    keep = selection.keep
+    if cfg.max_experts is not None and cfg.policy != "moe-spec":
+        keep = cap_experts(selection, batch.batch_aggregate, cfg.max_experts)
+    if cfg.min_tokens is not None or cfg.max_tokens is not None:
+        in_range = torch.ones((), dtype=torch.bool, device=logits.device)
+        if cfg.min_tokens is not None:
+            in_range = in_range & (batch.num_valid >= cfg.min_tokens)
+        if cfg.max_tokens is not None:
+            in_range = in_range & (batch.num_valid <= cfg.max_tokens)
+        keep = torch.where(in_range, keep, True)
+    return keep

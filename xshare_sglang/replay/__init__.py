@@ -1,0 +1,16 @@
+"""Offline replay of routing traces through the policies (the demo and, later, the replay tool)."""
+
+from .batches import BatchShape, segment_batches
+from .demo import ReplayRow, default_configs, replay_trace
+from .route_csv import RouteTrace, bundled_trace_path, load_route_csv
+
+__all__ = [
+    "BatchShape",
+    "ReplayRow",
+    "RouteTrace",
+    "bundled_trace_path",
+    "default_configs",
+    "load_route_csv",
+    "replay_trace",
+    "segment_batches",
+]

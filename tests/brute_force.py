@@ -17,7 +17,7 @@ from xshare_sglang.policies.scores import token_scores
 
 NEG_INF = float("-inf")
 FP32_MAX = 3.4028234663852886e38
-ONE = 2**32
+ONE = 2**24  # DESIGN's fixed-point grid for scores
 
 
 def clean(value: float) -> float:
@@ -42,7 +42,7 @@ def top_candidates(row: list[float], k: int) -> list[int]:
 
 
 def score_rows(rows: list[list[float]], score: str, scoring: str, top_k: int) -> list[list[int]]:
-    """Fixed-point scores trunc(score * 2**32), one token at a time."""
+    """Fixed-point scores floor(score * 2**24), one token at a time."""
     out = []
     for row in rows:
         one_row = torch.tensor([row], dtype=torch.float32)

@@ -35,10 +35,11 @@ def _reference(row: list[float], score: str, scoring: str, top_k: int) -> list[f
 
 @pytest.mark.parametrize(
     ("dtype", "tolerance"),
+    # scores are float64, computed from the logits cast to float32, whatever the input dtype
     [
-        (torch.float32, dict(atol=1e-6, rtol=1e-5)),
-        (torch.bfloat16, dict(atol=1e-6, rtol=1e-5)),
-        (torch.float16, dict(atol=1e-6, rtol=1e-5)),
+        (torch.float32, dict(atol=1e-14, rtol=1e-12)),
+        (torch.bfloat16, dict(atol=1e-14, rtol=1e-12)),
+        (torch.float16, dict(atol=1e-14, rtol=1e-12)),
     ],
 )
 @pytest.mark.parametrize("score", ["topk", "probs"])
@@ -49,10 +50,10 @@ def test_token_scores_match_formula(dtype, tolerance, score, scoring, style, num
     logits = make_logits(7, num_experts, style, seed=num_experts).to(dtype)
     clean = sanitize_logits(logits)
     got = token_scores(clean, score=score, scoring=scoring, top_k=4)
-    want = torch.tensor([_reference(row, score, scoring, 4) for row in clean.tolist()])
-    assert got.dtype == torch.float32 and not got.isnan().any()
+    want = torch.tensor([_reference(row, score, scoring, 4) for row in clean.tolist()], dtype=torch.float64)
+    assert got.dtype == torch.float64 and not got.isnan().any()
     assert (got >= 0).all() and (got <= 1).all()
-    torch.testing.assert_close(got, want.float(), **tolerance)
+    torch.testing.assert_close(got, want, **tolerance)
 
 
 def test_rows_are_independent() -> None:
@@ -75,11 +76,12 @@ def test_sanitize() -> None:
 
 
 def test_fixed_point_is_exact_and_order_free() -> None:
-    scores = torch.tensor([[1.0, 0.5, 2**-33, 0.1]])
+    scores = torch.tensor([[1.0, 0.5, 2**-25, 0.1]], dtype=torch.float64)
     q = quantize_scores(scores)
-    tenth = float(torch.tensor(0.1, dtype=torch.float32))  # 0.1 as float32 holds it
-    assert q.tolist() == [[SCORE_ONE, SCORE_ONE // 2, 0, math.floor(tenth * 2**32)]]
-    many = quantize_scores(torch.rand(4097, 64, generator=torch.Generator().manual_seed(1)))
+    assert SCORE_ONE == 2**24
+    assert q.tolist() == [[SCORE_ONE, SCORE_ONE // 2, 0, math.floor(0.1 * 2**24)]]
+    gen = torch.Generator().manual_seed(1)
+    many = quantize_scores(torch.rand(4097, 64, generator=gen, dtype=torch.float64))
     valid = torch.ones(4097, dtype=torch.bool)
     forward = aggregate(many, valid)
     backward = aggregate(many.flip(0), valid)

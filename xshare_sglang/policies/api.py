@@ -24,7 +24,7 @@ from .xshare import (
     select_xshare_threshold,
 )
 
-_WARM_FIRST = 1 << 62  # above any aggregate of fewer than 2**30 tokens
+_WARM_FIRST = 1 << 62  # above any aggregate of fewer than 2**38 tokens
 
 POLICY_FUNCTIONS: dict[str, Callable[[LayerBatch], Selection]] = {
     "oea": select_oea,

@@ -68,8 +68,8 @@ def threshold_add(keep: torch.Tensor, agg: torch.Tensor, tau: float) -> torch.Te
     """Grow ``keep`` greedily until its aggregate reaches ``tau`` of the total.
 
     An outside expert with aggregate > 0 is added when the aggregate kept before it, in greedy
-    order, is still below ``tau * total`` (compared in float64; both sides are exact there for
-    fewer than 2**21 tokens).
+    order, is still below ``tau * total`` (compared in float64, where the int64 aggregates are exact
+    for fewer than 2**29 tokens).
 
     Parameters
     ----------
@@ -129,7 +129,7 @@ def rank_rounds_add(
     # After r rounds the kept set has |keep| + #{candidates with place < r} experts.
     rounds = torch.arange(num_experts + 1, device=device)
     added_after = ((place_in_rank[None, :] < rounds[:, None]) & candidate[None, :]).sum(dim=1)
-    target = rank_budget * (rank.max() + 1) if num_experts else rank.new_zeros(())
+    target = rank_budget * (rank.max() + 1)
     done = (keep.sum() + added_after) >= target
     done[-1] = True  # E rounds exhaust every rank.
     num_rounds = torch.argmax(done.to(torch.int8))  # first round count that reaches the target

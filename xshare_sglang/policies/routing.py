@@ -19,7 +19,7 @@ import torch
 
 from ..config import COVERAGES
 from .api import check_routing_args
-from .scores import descending_order, normalize_rows, sanitize_logits, softmax_over, valid_token_mask
+from .scores import descending_order, normalize_rows, sanitize_logits, scoring_weights, valid_token_mask
 
 
 def route_logits(
@@ -50,23 +50,15 @@ def route_logits(
     batch_shape = torch.broadcast_shapes(keep.shape, logits.shape)
     if coverage == "substitution":
         allowed = candidates & keep
-        if scoring == "softmax":
-            probs = softmax_over(logits.expand(batch_shape), allowed)
-        else:
-            probs = torch.where(allowed, torch.sigmoid(logits), 0.0)
         slots = descending_order(torch.where(allowed, logits, float("-inf")))[..., :top_k]
         filled = allowed.gather(-1, slots)
-        weights = torch.where(filled, probs.gather(-1, slots), 0.0)
+        weights = torch.where(filled, scoring_weights(logits, allowed, scoring).gather(-1, slots), 0.0)
         if renormalize:
             weights = normalize_rows(weights)
     else:
-        if scoring == "softmax":
-            probs = softmax_over(logits, candidates)
-        else:
-            probs = torch.where(candidates, torch.sigmoid(logits), 0.0)
         slots = descending_order(logits)[..., :top_k]
         natural = candidates.gather(-1, slots)
-        weights = torch.where(natural, probs.gather(-1, slots), 0.0)
+        weights = torch.where(natural, scoring_weights(logits, candidates, scoring).gather(-1, slots), 0.0)
         if renormalize:
             weights = normalize_rows(weights)
         slots = slots.expand(*batch_shape[:-1], top_k)

@@ -1,21 +1,24 @@
 """Per-token quantities every policy is built from: clean logits, token orderings, scores, aggregates.
 
-Numerical contract (the kernels must reproduce it bit for bit):
+Numerical contract (the Triton kernels reproduce it):
 
 * Logits are read as float32.  NaN becomes ``-inf``; ``+inf`` becomes the largest finite float32.
   An expert whose logit is ``-inf`` is not a candidate for that token: no warm-up, no pick, no score.
 * Orderings are "higher value first, ties to the lower expert index" (a stable descending sort).
-* Scores lie in ``[0, 1]``.  Before they are summed they are put on a fixed-point grid:
-  ``q = trunc(score * 2**32)`` as int64.  Aggregates are int64 sums of ``q``, so they are exact and
-  independent of summation order (a GPU reduction, a CPU loop and atomics all agree), and an expert's
-  aggregate is "> 0" exactly when some token gives it a score of at least ``2**-32``.
+* Scores are computed in float64 from the float32 logits (softmax as ``exp(l - max) / sum``, sigmoid
+  as ``1 / (1 + exp(-l))``) and lie in ``[0, 1]``.  Before they are summed they are put on a
+  fixed-point grid: ``q = floor(score * 2**24)`` as int64.  Aggregates are int64 sums of ``q``: exact
+  and independent of summation order, and an expert's aggregate is "> 0" exactly when some token
+  gives it a score of at least ``2**-24``.  Two implementations whose float64 scores differ by a
+  rounding error (another summation order, another ``exp``) agree on ``q`` unless the error straddles
+  a grid step, which happens with probability about ``2**-29`` per score.
 """
 
 from __future__ import annotations
 
 import torch
 
-SCORE_FRACTION_BITS = 32
+SCORE_FRACTION_BITS = 24
 #: Fixed-point value of a score of 1.0.
 SCORE_ONE = 1 << SCORE_FRACTION_BITS
 SCORINGS: tuple[str, ...] = ("softmax", "sigmoid")
@@ -109,8 +112,25 @@ def softmax_over(logits: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
     return normalize_rows(torch.where(members, torch.exp(masked - row_max), 0.0))
 
 
+def scoring_weights(logits: torch.Tensor, members: torch.Tensor, scoring: str) -> torch.Tensor:
+    """The model's scoring function evaluated over ``members`` only; zero elsewhere.
+
+    Softmax normalizes over the members (what masking the other logits produces); sigmoid
+    (``1 / (1 + exp(-l))``) scores each expert on its own.  Computed in the dtype of ``logits``.
+
+    Parameters
+    ----------
+    logits : Tensor, shape [..., E], float, sanitized
+    members : Tensor, broadcastable to ``logits``, bool
+    scoring : {"softmax", "sigmoid"}
+    """
+    if scoring == "softmax":
+        return softmax_over(logits.expand(torch.broadcast_shapes(logits.shape, members.shape)), members)
+    return torch.where(members, 1.0 / (1.0 + torch.exp(-logits)), 0.0)
+
+
 def token_scores(logits: torch.Tensor, *, score: str, scoring: str, top_k: int) -> torch.Tensor:
-    """Per-token expert scores ``g[t, e]`` in ``[0, 1]``.
+    """Per-token expert scores ``g[t, e]`` in ``[0, 1]``, in float64.
 
     Parameters
     ----------
@@ -125,20 +145,18 @@ def token_scores(logits: torch.Tensor, *, score: str, scoring: str, top_k: int) 
 
     Returns
     -------
-    Tensor, shape [T, E], float32
+    Tensor, shape [T, E], float64
     """
+    wide = logits.to(torch.float64)
     candidates = logits > float("-inf")
-    members = top_by_logit(logits, top_k) if score == "topk" else candidates
-    if scoring == "softmax":
-        return softmax_over(logits, members)
-    probs = torch.where(candidates, torch.sigmoid(logits), 0.0)
     if score == "probs":
-        return probs
-    return normalize_rows(torch.where(members, probs, 0.0))
+        return scoring_weights(wide, candidates, scoring)
+    weights = scoring_weights(wide, top_by_logit(logits, top_k), scoring)
+    return weights if scoring == "softmax" else normalize_rows(weights)
 
 
 def quantize_scores(scores: torch.Tensor) -> torch.Tensor:
-    """Fixed-point scores ``trunc(scores * 2**32)``, int64 (exact: the scaling is a power of two)."""
+    """Fixed-point scores ``floor(scores * 2**24)``, int64 (the scaling is exact: a power of two)."""
     return (scores * float(SCORE_ONE)).to(torch.int64)
 
 

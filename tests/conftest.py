@@ -12,7 +12,13 @@ import importlib.util
 import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
+
+# Without a GPU the Triton kernels run in Triton's interpreter.  It is chosen when a kernel module is
+# imported, so it is set here, before any test imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "default",
@@ -29,15 +35,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reasons = {}
-    if not _has_cuda():
+    if not torch.cuda.is_available():
         reasons["gpu"] = "needs a CUDA device (torch.cuda.is_available() is False)"
     if importlib.util.find_spec("sglang") is None:
         reasons["sglang"] = "needs SGLang installed (pip install sglang==0.5.23)"

@@ -216,3 +216,24 @@ class TestRouteWithin:
         ids, weights = route_within(_logits(), self.keep, top_k=2, num_valid_tokens=torch.tensor(3))
         assert ids[3].tolist() == [-1, -1] and weights[3].tolist() == [0.0, 0.0]
         assert ids.dtype == torch.int32
+
+
+def test_scores_below_the_grid_count_as_zero() -> None:
+    """One token, logits [0, -12, -40], probs score: e1 has probability e**-12 = 6.1e-6, at least
+    2**-24 (6.0e-8), so its aggregate is > 0 and greedy may add it; e2 has e**-40 = 4e-18, below the
+    grid: aggregate 0, never added."""
+    logits = torch.tensor([[0.0, -12.0, -40.0]])
+    cfg = PrunerConfig(policy="xshare", k0=1, budget=2, score="probs")
+    assert select_experts_mask(logits, cfg, top_k=1).tolist() == [True, True, False]
+
+
+def test_lynx_scores_compare_exactly_across_carries() -> None:
+    """n = 2 tokens, alpha = 1, beta = 1 (bins 0 and -1); experts X=0, A=1, C=2.
+
+    t0 [5, 0, 4.5]: bins X 0, A -1, C 0.    t1 [5, 0, 0]: bins X 0, A -1, C -1.
+    s = sum 2**bin: X 2, A 1/2 + 1/2 = 1 (two tokens in one bin carry into the next digit), C 1.5.
+    t1 picks X, then A or C (both bin -1, equal logits): C has the larger s.  Keep {X, C}.
+    """
+    logits = torch.tensor([[5.0, 0.0, 4.5], [5.0, 0.0, 0.0]])
+    cfg = PrunerConfig(policy="lynx", alpha=1.0, beta=1)
+    assert select_experts_mask(logits, cfg, top_k=2).tolist() == [True, False, True]

@@ -1,5 +1,15 @@
 """Triton selection kernels and their graph-safe launch wrappers.
 
-Not written yet: until they land, every caller uses the torch reference in
-:mod:`xshare_sglang.policies`, which computes the same masks.
+* :func:`select_keep_mask` - the keep mask of any policy (same meaning as
+  :func:`xshare_sglang.select_experts_mask`, the torch reference it is tested against);
+* :func:`apply_keep_mask` - router logits and correction bias with pruned experts masked;
+* :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture.
+
+The jit code lives in the ``_*.py`` modules and is imported (with triton) on the first launch, so
+importing this package stays light.
 """
+
+from .apply import apply_keep_mask
+from .selection import SelectionWorkspace, plan_launch, select_keep_mask, unsupported_reason
+
+__all__ = ["SelectionWorkspace", "apply_keep_mask", "plan_launch", "select_keep_mask", "unsupported_reason"]

@@ -54,6 +54,35 @@ def check_routing_args(logits: torch.Tensor, top_k: int, scoring: str) -> None:
         raise ValueError(f"scoring={scoring!r} is invalid: choose one of {', '.join(SCORINGS)}")
 
 
+def validate_selection_args(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    *,
+    top_k: int,
+    tokens_per_request: int,
+    expert_to_rank: torch.Tensor | None,
+    scoring: str,
+) -> None:
+    """The argument checks of :func:`select_experts_mask` (shared with the kernels' wrapper).
+
+    Host-side only: shapes, types and config values, never tensor contents.
+    """
+    if not isinstance(cfg, PrunerConfig):
+        raise ValueError(f"cfg must be a PrunerConfig, got {type(cfg).__name__}")
+    check_routing_args(logits, top_k, scoring)
+    if cfg.policy == "none":
+        return
+    num_experts = logits.shape[1]
+    cfg.validate_for_model(top_k=top_k, num_experts=num_experts if cfg.ranking == "static" else None)
+    if isinstance(tokens_per_request, bool) or not isinstance(tokens_per_request, int) or tokens_per_request < 1:
+        raise ValueError(f"tokens_per_request={tokens_per_request!r} is invalid: must be an integer >= 1")
+    if cfg.policy == "xshare-ep":
+        if expert_to_rank is None:
+            raise ValueError("policy 'xshare-ep' needs expert_to_rank: the rank holding each expert")
+        if expert_to_rank.shape != (num_experts,):
+            raise ValueError(f"expert_to_rank must have shape ({num_experts},), got {tuple(expert_to_rank.shape)}")
+
+
 def cap_experts(selection: Selection, agg: torch.Tensor, max_experts: int) -> torch.Tensor:
     """Keep at most ``max_experts`` of the selection: warm-up experts first, then by aggregate.
 
@@ -115,21 +144,17 @@ def select_experts_mask(
         Bad shapes or arguments, ``k0 > top_k``, a missing ``expert_to_rank`` for ``xshare-ep``, or a
         static ranking that does not match E.
     """
-    if not isinstance(cfg, PrunerConfig):
-        raise ValueError(f"cfg must be a PrunerConfig, got {type(cfg).__name__}")
-    check_routing_args(logits, top_k, scoring)
+    validate_selection_args(
+        logits,
+        cfg,
+        top_k=top_k,
+        tokens_per_request=tokens_per_request,
+        expert_to_rank=expert_to_rank,
+        scoring=scoring,
+    )
     num_tokens, num_experts = logits.shape
     if cfg.policy == "none":
         return torch.ones(num_experts, dtype=torch.bool, device=logits.device)
-    cfg.validate_for_model(top_k=top_k, num_experts=num_experts if cfg.ranking == "static" else None)
-    if isinstance(tokens_per_request, bool) or not isinstance(tokens_per_request, int) or tokens_per_request < 1:
-        raise ValueError(f"tokens_per_request={tokens_per_request!r} is invalid: must be an integer >= 1")
-    if cfg.policy == "xshare-ep":
-        if expert_to_rank is None:
-            raise ValueError("policy 'xshare-ep' needs expert_to_rank: the rank holding each expert")
-        if expert_to_rank.shape != (num_experts,):
-            raise ValueError(f"expert_to_rank must have shape ({num_experts},), got {tuple(expert_to_rank.shape)}")
-
     batch = LayerBatch(
         logits=sanitize_logits(logits),
         valid=valid_token_mask(num_tokens, num_valid_tokens, logits.device),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import PrunerConfig
 from ._batch import LayerBatch, Selection
 from .scores import descending_order, positions_in_order
 
@@ -17,21 +18,29 @@ def _top(values: torch.Tensor, count: int) -> torch.Tensor:
     return positions_in_order(descending_order(values)) < count
 
 
+def static_values(cfg: PrunerConfig, layer_id: int | None, device: torch.device) -> torch.Tensor:
+    """Calibration counts of one layer, float64 [E] on ``device`` (cached there after the first call).
+
+    ``layer_id`` may be omitted only when the ranking file has a single layer.
+    """
+    ranking = cfg.static_ranking
+    layer = layer_id
+    if layer is None:
+        if ranking.num_layers != 1:
+            raise ValueError(
+                f"moe-spec with ranking='static' needs layer_id: the ranking file has {ranking.num_layers} layers"
+            )
+        layer = 0
+    if not 0 <= layer < ranking.num_layers:
+        raise ValueError(f"layer_id={layer} is outside the static ranking file's {ranking.num_layers} layers")
+    return ranking.layer_counts(layer, device)
+
+
 def select_moe_spec(batch: LayerBatch) -> Selection:
     """``moe-spec`` with ``ranking`` = ``router`` (batch aggregate) or ``static`` (file counts)."""
     cfg = batch.cfg
     if cfg.ranking == "static":
-        ranking = cfg.static_ranking
-        layer = batch.layer_id
-        if layer is None:
-            if ranking.num_layers != 1:
-                raise ValueError(
-                    f"moe-spec with ranking='static' needs layer_id: the ranking file has {ranking.num_layers} layers"
-                )
-            layer = 0
-        if not 0 <= layer < ranking.num_layers:
-            raise ValueError(f"layer_id={layer} is outside the static ranking file's {ranking.num_layers} layers")
-        values = ranking.layer_counts(layer, batch.logits.device)
+        values = static_values(cfg, batch.layer_id, batch.logits.device)
     else:
         values = batch.batch_aggregate
     keep = _top(values, cfg.max_experts) & (batch.num_valid > 0)

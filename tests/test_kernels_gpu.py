@@ -1,0 +1,126 @@
+"""Kernels inside CUDA graphs (GPU only; skipped elsewhere).
+
+Capture the selection and the apply step once at a fixed batch shape, replay several times with new
+logits and new real-token counts, and compare every replay with the torch reference; no host syncs
+allowed (torch.cuda.set_sync_debug_mode("error")) and no allocation per call.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.strategies import make_logits
+from xshare_sglang import PrunerConfig, select_experts_mask
+from xshare_sglang.kernels import SelectionWorkspace, apply_keep_mask, select_keep_mask
+from xshare_sglang.policies.apply import mask_router_inputs
+
+pytestmark = pytest.mark.gpu
+
+POLICIES = ["oea", "xshare", "xshare-threshold", "xshare-spec", "xshare-ep", "moe-spec", "moe-spec-static", "lynx"]
+
+
+def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
+    if policy == "moe-spec-static":
+        counts = [[float((e * 7 + layer) % 13) for e in range(num_experts)] for layer in range(3)]
+        path = tmp_path / "ranking.json"
+        path.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}))
+        return PrunerConfig(policy="moe-spec", max_experts=24, ranking="static", static_ranking_path=str(path))
+    if policy == "moe-spec":
+        return PrunerConfig(policy=policy, max_experts=24)
+    return PrunerConfig(policy=policy, k0=1, budget=8, request_budget=2, rank_budget=3, max_experts=40)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(
+    ("num_tokens", "num_experts", "dtype"),
+    [(128, 128, torch.bfloat16), (64, 160, torch.float32), (512, 256, torch.float16)],
+)
+def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_path) -> None:
+    cfg = _config(policy, tmp_path, num_experts)
+    top_k, d = 8, 4
+    ranks = (torch.arange(num_experts) // (-(-num_experts // 8))).cuda()
+    logits = torch.empty(num_tokens, num_experts, device="cuda", dtype=dtype)
+    bias = torch.randn(num_experts, device="cuda")
+    num_valid = torch.tensor([num_tokens], device="cuda", dtype=torch.int32)
+    keep = torch.empty(num_experts, dtype=torch.bool, device="cuda")
+    masked = torch.empty_like(logits)
+    masked_bias = torch.empty_like(bias)
+    workspace = SelectionWorkspace(num_experts, "cuda")
+
+    def step() -> None:
+        select_keep_mask(
+            logits,
+            cfg,
+            top_k=top_k,
+            tokens_per_request=d,
+            num_valid_tokens=num_valid,
+            expert_to_rank=ranks,
+            out=keep,
+            workspace=workspace,
+            layer_id=1,
+        )
+        apply_keep_mask(logits, keep, bias=bias, out=masked, bias_out=masked_bias)
+
+    logits.copy_(make_logits(num_tokens, num_experts, "normal", seed=0).to(dtype))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # JIT compilation and cached device copies happen here, not in capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == allocated, "an eager call allocated memory"
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    for replay, real in enumerate([num_tokens, 1, 0, num_tokens // 2 + 3, num_tokens - 1]):
+        fresh = make_logits(num_tokens, num_experts, ["normal", "integers", "nonfinite"][replay % 3], seed=replay + 1)
+        logits.copy_(fresh.to(dtype))
+        num_valid.fill_(real)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        cpu_logits = logits.cpu()
+        want = select_experts_mask(
+            cpu_logits,
+            cfg,
+            top_k=top_k,
+            tokens_per_request=d,
+            num_valid_tokens=real,
+            expert_to_rank=ranks.cpu(),
+            layer_id=1,
+        )
+        assert keep.cpu().tolist() == want.tolist(), f"replay {replay} ({real} real tokens)"
+        want_masked, want_bias = mask_router_inputs(cpu_logits, want, bias=bias.cpu())
+        assert torch.equal(masked.cpu(), want_masked) and torch.equal(masked_bias.cpu(), want_bias)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_eager_calls_never_sync(policy, tmp_path) -> None:
+    num_tokens, num_experts = 96, 128
+    cfg = _config(policy, tmp_path, num_experts)
+    logits = make_logits(num_tokens, num_experts, "nonfinite", seed=4).cuda()
+    ranks = (torch.arange(num_experts) // 16).cuda()
+    num_valid = torch.tensor([90], device="cuda")
+    kwargs = dict(top_k=8, tokens_per_request=3, num_valid_tokens=num_valid, expert_to_rank=ranks, layer_id=0)
+    out = torch.empty(num_experts, dtype=torch.bool, device="cuda")
+    select_keep_mask(logits, cfg, out=out, **kwargs)  # compile, cache
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        select_keep_mask(logits, cfg, out=out, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = select_experts_mask(logits.cpu(), cfg, **{**kwargs, "num_valid_tokens": 90, "expert_to_rank": ranks.cpu()})
+    assert out.cpu().tolist() == want.tolist()

@@ -213,3 +213,27 @@ def test_apply_matches_reference(dtype, bias_dtype, num_tokens, num_experts) -> 
     inplace, inplace_bias = logits.to(DEVICE), bias.to(DEVICE)
     apply_keep_mask(inplace, keep.to(DEVICE), bias=inplace_bias, out=inplace, bias_out=inplace_bias)
     assert torch.equal(inplace.cpu(), want) and torch.equal(inplace_bias.cpu(), want_bias)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_stats_out_matches_reference(policy: str) -> None:
+    """stats_out holds (aggregate of kept experts, aggregate of all experts) as the reference computes."""
+    from xshare_sglang.policies.api import select_with_aggregate
+
+    case = _random_case(policy, 40, 64, seed=21)
+    case["num_valid"] = 33
+    logits = make_logits(40, 64, "normal", seed=8)
+    kwargs = dict(
+        top_k=case["top_k"],
+        tokens_per_request=case["tokens_per_request"],
+        expert_to_rank=case["expert_to_rank"],
+        scoring=case["scoring"],
+        num_valid_tokens=33,
+    )
+    keep, aggregate = select_with_aggregate(logits, case["cfg"], **kwargs)
+    stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
+    kwargs["expert_to_rank"] = kwargs["expert_to_rank"].to(DEVICE)
+    got = select_keep_mask(logits.to(DEVICE), case["cfg"], stats_out=stats, **kwargs)
+    assert got.cpu().tolist() == keep.tolist()
+    assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
+    assert 0 < stats[1] and 0 <= stats[0] <= stats[1]

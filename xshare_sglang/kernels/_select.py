@@ -7,7 +7,8 @@ Two launches per selection, both with static grids and no host synchronisation:
    ``policies.scores`` and writes per-program partials: the aggregate score of every expert, the
    warm-up set, and (``xshare-spec``) the union of the per-request greedy sets.
 2. ``finalize_kernel`` - one program.  It reduces the partials and applies the policy's set rule:
-   greedy, threshold, rank rounds, top-B, then the ``max_experts`` cap and the token range.
+   greedy, threshold, rank rounds, top-B, then the ``max_experts`` cap and the token range; on
+   request it also writes the kept and the total aggregate score (for the retained-mass metric).
 
 The semantics are those of ``xshare_sglang.policies`` (DESIGN section 4), which the tests compare
 against.  Ranks over experts are exact pairwise counts, so ties go to the lower index.
@@ -218,6 +219,7 @@ def finalize_kernel(
     flag_ptr,
     mass_ptr,
     out_ptr,
+    stats_ptr,
     num_experts,
     count,
     tau,
@@ -229,6 +231,7 @@ def finalize_kernel(
     MODE: tl.constexpr,
     HAS_CAP: tl.constexpr,
     HAS_RANGE: tl.constexpr,
+    HAS_STATS: tl.constexpr,
     NEED_AGG: tl.constexpr,
     NEED_BASE: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -324,3 +327,6 @@ def finalize_kernel(
         in_range = (n_valid >= min_tokens) & (n_valid <= max_tokens)
         keep = tl.where(in_range, keep, e_ok)
     tl.store(out_ptr + e, keep, mask=e_ok)
+    if HAS_STATS:
+        tl.store(stats_ptr, tl.sum(tl.where(keep, agg, 0), axis=0))
+        tl.store(stats_ptr + 1, tl.sum(agg, axis=0))

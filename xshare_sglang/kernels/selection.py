@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import PrunerConfig
-from ..policies.api import select_experts_mask, validate_selection_args
+from ..policies.api import select_experts_mask, select_with_aggregate, validate_selection_args
 from ..policies.moe_spec import static_values
 
 logger = logging.getLogger(__name__)
@@ -144,11 +144,23 @@ def default_workspace(num_experts: int, device: torch.device) -> SelectionWorksp
     return _workspaces[key]
 
 
-def _fallback(reason: str, logits: torch.Tensor, cfg: PrunerConfig, out: torch.Tensor | None, **kwargs):
+def _fallback(
+    reason: str,
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    out: torch.Tensor | None,
+    stats_out: torch.Tensor | None,
+    **kwargs,
+):
     if reason not in _reported:
         _reported.add(reason)
         logger.warning("moe-pruner selection uses the torch reference: %s", reason)
-    keep = select_experts_mask(logits, cfg, **kwargs)
+    if stats_out is None:
+        keep = select_experts_mask(logits, cfg, **kwargs)
+    else:
+        keep, aggregate = select_with_aggregate(logits, cfg, **kwargs)
+        stats_out[0] = torch.where(keep, aggregate, 0).sum()
+        stats_out[1] = aggregate.sum()
     if out is None:
         return keep
     out.copy_(keep)
@@ -167,6 +179,7 @@ def select_keep_mask(
     out: torch.Tensor | None = None,
     workspace: SelectionWorkspace | None = None,
     layer_id: int | None = None,
+    stats_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Keep mask of one MoE layer call, computed on the device by Triton kernels.
 
@@ -180,6 +193,9 @@ def select_keep_mask(
         Written in place and returned; pass one inside CUDA graphs.
     workspace : SelectionWorkspace, optional
         Scratch memory; default: one shared per (device, E), created on first use.
+    stats_out : Tensor, shape [2], int64, optional
+        Receives the aggregate score of the kept experts and of all experts (fixed point, the
+        policy's score over the real tokens): their ratio is the share of score mass kept.
 
     Returns
     -------
@@ -191,8 +207,12 @@ def select_keep_mask(
     num_tokens, num_experts = logits.shape
     if out is not None and (out.shape != (num_experts,) or out.dtype != torch.bool or out.device != logits.device):
         raise ValueError(f"out must be a bool tensor of shape ({num_experts},) on {logits.device}")
+    if stats_out is not None and (stats_out.shape != (2,) or stats_out.dtype != torch.int64):
+        raise ValueError("stats_out must be an int64 tensor of shape (2,)")
     if cfg.policy == "none":
         keep = torch.ones(num_experts, dtype=torch.bool, device=logits.device) if out is None else out.fill_(True)
+        if stats_out is not None:
+            stats_out.zero_()
         return keep
     reason = unsupported_reason(logits, cfg, top_k=top_k, tokens_per_request=tokens_per_request)
     if reason is not None:
@@ -201,6 +221,7 @@ def select_keep_mask(
             logits,
             cfg,
             out,
+            stats_out,
             top_k=top_k,
             tokens_per_request=tokens_per_request,
             num_valid_tokens=num_valid_tokens,
@@ -225,10 +246,12 @@ def select_keep_mask(
     score = cfg.effective_score
     has_cap = cfg.max_experts is not None and cfg.policy != "moe-spec"
     static = cfg.policy == "moe-spec" and cfg.ranking == "static"
+    # aggregates are needed by every rule except oea, static moe-spec and lynx; by the cap; by stats
+    need_agg = (cfg.policy not in ("oea", "lynx") and not static) or has_cap or stats_out is not None
     per_request = cfg.policy == "xshare-spec"
     plan = plan_launch(num_tokens, num_experts, tokens_per_request, per_request)
 
-    if not static and (cfg.policy != "lynx" or has_cap):
+    if need_agg or cfg.policy not in ("lynx", "moe-spec"):
         # per-program aggregates and warm-up sets (lynx needs aggregates only for its cap)
         _select.token_pass_kernel[(plan.num_parts,)](
             logits,
@@ -247,7 +270,7 @@ def select_keep_mask(
             top_k,
             min(cfg.request_budget, num_experts),
             HAS_NV_PTR=nv_tensor,
-            NEED_SCORES=cfg.policy not in ("oea", "lynx") or has_cap,
+            NEED_SCORES=need_agg,
             SCORE_TOPK=score == "topk",
             SIGMOID=scoring == "sigmoid",
             PER_REQUEST=per_request,
@@ -269,7 +292,7 @@ def select_keep_mask(
         ws.agg_part,
         ws.warm_part,
         ws.base_part,
-        0 if static else plan.num_parts,
+        0 if static and not need_agg else plan.num_parts,  # static moe-spec alone reads no partials
         values,
         group,
         nv_ptr,
@@ -279,6 +302,7 @@ def select_keep_mask(
         ws.flag,
         ws.mass,
         out,
+        stats_out if stats_out is not None else ws.mass,
         num_experts,
         min(count, num_experts + 1),
         float(cfg.tau),
@@ -290,7 +314,8 @@ def select_keep_mask(
         MODE=getattr(_select, mode).value,
         HAS_CAP=has_cap,
         HAS_RANGE=cfg.min_tokens is not None or cfg.max_tokens is not None,
-        NEED_AGG=(cfg.policy not in ("oea", "lynx") and not static) or has_cap,
+        HAS_STATS=stats_out is not None,
+        NEED_AGG=need_agg,
         NEED_BASE=cfg.policy in ("xshare-spec", "lynx"),
         BLOCK_E=block_e,
         CHUNK=max(1, min(32, 4096 // block_e)),

@@ -144,6 +144,49 @@ def select_experts_mask(
         Bad shapes or arguments, ``k0 > top_k``, a missing ``expert_to_rank`` for ``xshare-ep``, or a
         static ranking that does not match E.
     """
+    keep, _ = _select(
+        logits, cfg, top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, False
+    )
+    return keep
+
+
+def select_with_aggregate(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    *,
+    top_k: int,
+    tokens_per_request: int = 1,
+    num_valid_tokens: int | torch.Tensor | None = None,
+    expert_to_rank: torch.Tensor | None = None,
+    scoring: str = "softmax",
+    layer_id: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`select_experts_mask` plus the batch aggregate it ranked by.
+
+    Returns
+    -------
+    keep : Tensor, shape [E], bool
+    aggregate : Tensor, shape [E], int64
+        Fixed-point aggregate of the policy's score over the real tokens (all zero for ``none``);
+        ``aggregate[keep].sum() / aggregate.sum()`` is the share of the batch's score mass kept.
+    """
+    keep, aggregate = _select(
+        logits, cfg, top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, True
+    )
+    return keep, aggregate
+
+
+def _select(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    top_k: int,
+    tokens_per_request: int,
+    num_valid_tokens: int | torch.Tensor | None,
+    expert_to_rank: torch.Tensor | None,
+    scoring: str,
+    layer_id: int | None,
+    want_aggregate: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     validate_selection_args(
         logits,
         cfg,
@@ -154,7 +197,8 @@ def select_experts_mask(
     )
     num_tokens, num_experts = logits.shape
     if cfg.policy == "none":
-        return torch.ones(num_experts, dtype=torch.bool, device=logits.device)
+        every = torch.ones(num_experts, dtype=torch.bool, device=logits.device)
+        return every, torch.zeros(num_experts, dtype=torch.int64, device=logits.device)
     batch = LayerBatch(
         logits=sanitize_logits(logits),
         valid=valid_token_mask(num_tokens, num_valid_tokens, logits.device),
@@ -176,4 +220,4 @@ def select_experts_mask(
         if cfg.max_tokens is not None:
             in_range = in_range & (batch.num_valid <= cfg.max_tokens)
         keep = torch.where(in_range, keep, True)
-    return keep
+    return keep, (batch.batch_aggregate if want_aggregate else None)

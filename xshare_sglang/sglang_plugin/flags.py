@@ -1,0 +1,196 @@
+"""The ``--moe-pruner*`` command-line flags: one per ``PrunerConfig`` field, plus the config file and
+the log interval.
+
+Every flag defaults to ``None`` on the parser, so that only the flags a user actually typed override
+``--moe-pruner-config`` and the environment; the help text shows the effective defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..config import COVERAGES, PHASES, POLICIES, RANKINGS, SCORES, PrunerConfig
+from .settings import DEFAULT_LOG_INTERVAL, ENV_VAR, PluginSettings
+
+FLAG_PREFIX = "--moe-pruner"
+CONFIG_FLAG = "--moe-pruner-config"
+LOG_INTERVAL_FLAG = "--moe-pruner-log-interval"
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _real(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    phases = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown or not phases:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list drawn from {', '.join(PHASES)}, got {text!r}"
+        )
+    return phases
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    field: str
+    type: Callable[[str], Any] | None
+    help: str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"{FLAG_PREFIX}-{self.field.replace('_', '-')}"
+
+    @property
+    def dest(self) -> str:
+        """Attribute name argparse stores the value under."""
+        return f"moe_pruner_{self.field}"
+
+
+_DEFAULTS = PrunerConfig()
+FIELD_FLAGS: tuple[FlagSpec, ...] = (
+    FlagSpec("k0", _non_negative_int, "warm-up: every real token's top-k0 experts are always kept"),
+    FlagSpec("budget", _non_negative_int, "experts the batch-level greedy step adds (xshare, xshare-spec)"),
+    FlagSpec("request_budget", _non_negative_int, "experts each request's greedy step adds (xshare-spec)"),
+    FlagSpec("rank_budget", _non_negative_int, "per-GPU budget of the EP-balanced rounds (xshare-ep)"),
+    FlagSpec(
+        "max_experts",
+        _positive_int,
+        "expert budget B of moe-spec (required there); a hard cap on the kept experts for any other policy",
+    ),
+    FlagSpec("tau", _real, "xshare-threshold keeps this share of the batch's score mass, in (0, 1]"),
+    FlagSpec("score", None, "per-token score that aggregates sum (default: the policy's)", SCORES),
+    FlagSpec("coverage", None, "route inside the kept set by substitution or truncation", COVERAGES),
+    FlagSpec("ranking", None, "moe-spec ranks by router scores or by a static calibration file", RANKINGS),
+    FlagSpec("static_ranking_path", str, "static-ranking JSON file for --moe-pruner-ranking static", metavar="PATH"),
+    FlagSpec("alpha", _real, "LYNX bin scale (bins are 1/alpha wide in logit units), > 0"),
+    FlagSpec("beta", _positive_int, "LYNX lowest bin index, >= 1"),
+    FlagSpec(
+        "phases",
+        _phases,
+        f"comma-separated forward phases to prune, from {', '.join(PHASES)}",
+        metavar="PHASES",
+    ),
+    FlagSpec("min_tokens", _non_negative_int, "prune only layer calls with at least this many real tokens"),
+    FlagSpec("max_tokens", _positive_int, "prune only layer calls with at most this many real tokens"),
+)
+
+
+def _default_text(field: str) -> str:
+    value = getattr(_DEFAULTS, field)
+    if field == "phases":
+        return ",".join(value)
+    if field == "score":
+        return "policy's"
+    return "unset" if value is None else str(value)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every ``--moe-pruner*`` flag to SGLang's parser (idempotent)."""
+    if any(FLAG_PREFIX in option for action in parser._actions for option in action.option_strings):
+        return
+    group = parser.add_argument_group(
+        "MoE expert pruning (xshare-sglang)",
+        f"Batch-shared expert selection at decode and verify time. Also configurable through the "
+        f"{ENV_VAR} environment variable (JSON); explicit flags win over {CONFIG_FLAG}, which wins "
+        f"over the environment.",
+    )
+    group.add_argument(
+        FLAG_PREFIX,
+        choices=POLICIES,
+        default=None,
+        help="expert-pruning policy (default: none, the pruner is off)",
+    )
+    for spec in FIELD_FLAGS:
+        group.add_argument(
+            spec.flag,
+            type=spec.type,
+            choices=spec.choices,
+            default=None,
+            metavar=spec.metavar,
+            help=f"{spec.help} (default: {_default_text(spec.field)})",
+        )
+    group.add_argument(
+        CONFIG_FLAG,
+        default=None,
+        metavar="JSON_OR_PATH",
+        help="PrunerConfig as a JSON object or the path of a JSON file",
+    )
+    group.add_argument(
+        LOG_INTERVAL_FLAG,
+        type=_non_negative_int,
+        default=None,
+        help=f"log and export pruning metrics every N pruned forwards, 0 = never (default: {DEFAULT_LOG_INTERVAL})",
+    )
+
+
+def flag_for_field(field: str) -> str:
+    """The command-line flag that sets a config field (for error messages)."""
+    if field == "policy":
+        return FLAG_PREFIX
+    if field == "log_interval":
+        return LOG_INTERVAL_FLAG
+    return f"{FLAG_PREFIX}-{field.replace('_', '-')}"
+
+
+def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) -> PluginSettings | None:
+    """Merge environment settings, ``--moe-pruner-config`` and explicit flags, in rising priority.
+
+    Returns None when nothing asked for the pruner (no flag, no config, no environment).
+
+    Raises
+    ------
+    ValueError
+        With the flag to blame at the start of the message.
+    """
+    explicit = {spec.field: getattr(args, spec.dest, None) for spec in FIELD_FLAGS}
+    explicit = {k: v for k, v in explicit.items() if v is not None}
+    policy = getattr(args, "moe_pruner", None)
+    config_text = getattr(args, "moe_pruner_config", None)
+    log_interval = getattr(args, "moe_pruner_log_interval", None)
+    if base is None and policy is None and config_text is None and not explicit and log_interval is None:
+        return None
+    merged: dict[str, Any] = base.to_dict() if base is not None else {}
+    if config_text is not None:
+        try:
+            merged.update(PluginSettings.load(config_text).to_dict())
+        except ValueError as exc:
+            raise ValueError(f"{CONFIG_FLAG}: {exc}") from None
+    merged.update(explicit)
+    if policy is not None:
+        merged["policy"] = policy
+    if log_interval is not None:
+        merged["log_interval"] = log_interval
+    try:
+        return PluginSettings.from_dict(merged)
+    except ValueError as exc:
+        message = str(exc)
+        for field in ("policy", *PrunerConfig.field_names(), "log_interval"):
+            if f"PrunerConfig.{field}=" in message or message.startswith(f"{field}="):
+                raise ValueError(f"{flag_for_field(field)}: {message}") from None
+        raise ValueError(f"{FLAG_PREFIX}: {message}") from None

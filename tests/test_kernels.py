@@ -236,4 +236,4 @@ def test_stats_out_matches_reference(policy: str) -> None:
     got = select_keep_mask(logits.to(DEVICE), case["cfg"], stats_out=stats, **kwargs)
     assert got.cpu().tolist() == keep.tolist()
     assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
-    assert 0 < stats[1] and 0 <= stats[0] <= stats[1]
+    assert stats[1] > 0 and 0 <= stats[0] <= stats[1]

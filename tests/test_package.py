@@ -11,7 +11,7 @@ import xshare_sglang
 def test_import_loads_neither_sglang_nor_triton() -> None:
     code = (
         "import sys, xshare_sglang, xshare_sglang.policies, xshare_sglang.replay, xshare_sglang.kernels, "
-        "xshare_sglang.spec, xshare_sglang.cli\n"
+        "xshare_sglang.spec, xshare_sglang.cli, xshare_sglang.sglang_plugin, xshare_sglang.sglang_plugin.hooks\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'triton')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -29,3 +29,13 @@ def test_shipped_traces_and_licence() -> None:
     names = {entry.name for entry in folder.iterdir()}
     assert {"gptoss.route.csv", "gemma.route.csv", "LICENSE.Apache-2.0", "SOURCE_COMMIT", "README.md"} <= names
     assert "Apache License" in (folder / "LICENSE.Apache-2.0").read_text()
+
+
+def test_readme_documents_every_flag() -> None:
+    from pathlib import Path
+
+    from xshare_sglang.sglang_plugin.flags import CONFIG_FLAG, FIELD_FLAGS, FLAG_PREFIX, LOG_INTERVAL_FLAG
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for flag in [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, *(spec.flag for spec in FIELD_FLAGS)]:
+        assert f"`{flag} " in readme or f"`{flag}`" in readme or f"{flag} " in readme, flag

@@ -127,12 +127,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="expert-pruning policy (default: none, the pruner is off)",
     )
     for spec in FIELD_FLAGS:
+        metavar = spec.metavar or {_real: "X", _non_negative_int: "N", _positive_int: "N"}.get(spec.type)
         group.add_argument(
             spec.flag,
             type=spec.type,
             choices=spec.choices,
             default=None,
-            metavar=spec.metavar,
+            metavar=metavar,
             help=f"{spec.help} (default: {_default_text(spec.field)})",
         )
     group.add_argument(
@@ -145,6 +146,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         LOG_INTERVAL_FLAG,
         type=_non_negative_int,
         default=None,
+        metavar="N",
         help=f"log and export pruning metrics every N pruned forwards, 0 = never (default: {DEFAULT_LOG_INTERVAL})",
     )
 

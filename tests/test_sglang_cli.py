@@ -1,0 +1,204 @@
+"""The plugin as SGLang loads it: entry point, flags, exit codes, config hand-off to spawned processes,
+and what ``register()`` does in each situation.  Each test runs a fresh interpreter, since plugin
+loading and hook application happen once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from xshare_sglang.sglang_plugin.flags import FIELD_FLAGS
+from xshare_sglang.sglang_plugin.settings import ENV_VAR
+
+pytestmark = pytest.mark.sglang
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=timeout,
+        cwd=str(ROOT),
+    )
+
+
+def test_entry_point_is_registered() -> None:
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert found.get("xshare_sglang") == "xshare_sglang.sglang_plugin:register"
+
+
+def test_launch_server_help_lists_every_flag() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    flags = ["--moe-pruner", "--moe-pruner-config", "--moe-pruner-log-interval", *(s.flag for s in FIELD_FLAGS)]
+    for flag in flags:
+        assert f"{flag} " in result.stdout or f"{flag}\n" in result.stdout, flag
+    assert "{none,oea,xshare,xshare-threshold,xshare-spec,xshare-ep,moe-spec,lynx}" in result.stdout
+
+
+def test_bad_value_ends_the_launch_with_exit_code_2() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", "unused", "--moe-pruner", "moe-spec"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert "error: --moe-pruner-max-experts:" in result.stderr and "needs max_experts" in result.stderr
+
+
+def test_parsing_errors_name_the_flag() -> None:
+    cases = {
+        "k0": ["--moe-pruner-k0", "-1"],
+        "tau": ["--moe-pruner", "xshare", "--moe-pruner-tau", "1.5"],
+        "policy": ["--moe-pruner", "xshare2"],
+        "phases": ["--moe-pruner-phases", "decode,prefill"],
+        "config": ["--moe-pruner-config", "{bad"],
+        "unknown_key": ["--moe-pruner-config", '{"policy": "xshare", "bugdet": 3}'],
+        "ranking": ["--moe-pruner", "xshare", "--moe-pruner-ranking", "static"],
+    }
+    code = f"""
+        import contextlib, io, json
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import prepare_server_args
+        load_plugins()
+        out = {{}}
+        for name, argv in {cases!r}.items():
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    prepare_server_args(["--model-path", "unused", *argv])
+                    out[name] = [None, ""]
+                except SystemExit as exc:
+                    out[name] = [exc.code, err.getvalue()]
+        print("RESULT" + json.dumps(out))
+    """
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.split("RESULT", 1)[1])
+    expected = {
+        "k0": "argument --moe-pruner-k0: must be >= 0",
+        "tau": "--moe-pruner-tau: PrunerConfig.tau=1.5 is invalid",
+        "policy": "argument --moe-pruner: invalid choice: 'xshare2'",
+        "phases": "argument --moe-pruner-phases:",
+        "config": "--moe-pruner-config: not valid JSON",
+        "unknown_key": "'bugdet'",
+        "ranking": "--moe-pruner-ranking: PrunerConfig.ranking='static' is invalid",
+    }
+    for name, fragment in expected.items():
+        code_, stderr = report[name]
+        assert code_ == 2, (name, stderr)
+        assert fragment in stderr, (name, stderr)
+
+
+def test_config_reaches_a_spawned_child(tmp_path) -> None:
+    code = """
+        import json, os, pickle, multiprocessing as mp
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import prepare_server_args
+
+        def child(server_args, queue):
+            from xshare_sglang.sglang_plugin import settings_from_env
+            queue.put([server_args._moe_pruner_config, os.environ.get("XSHARE_MOE_PRUNER_CONFIG"),
+                       settings_from_env().pruner.summary()])
+
+        if __name__ == "__main__":
+            load_plugins()
+            args = prepare_server_args([
+                "--model-path", "unused", "--moe-pruner", "xshare-spec",
+                "--moe-pruner-config", '{"k0": 1, "request_budget": 3}',
+                "--moe-pruner-budget", "2", "--moe-pruner-phases", "verify", "--moe-pruner-log-interval", "50",
+            ])
+            copy = pickle.loads(pickle.dumps(args))
+            ctx = mp.get_context("spawn")
+            queue = ctx.Queue()
+            proc = ctx.Process(target=child, args=(copy, queue))
+            proc.start()
+            seen = queue.get(timeout=240)
+            proc.join()
+            print("RESULT" + json.dumps({"attr": args._moe_pruner_config, "child": seen}))
+    """
+    script = tmp_path / "spawn_child.py"
+    script.write_text(textwrap.dedent(code))
+    environ = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=environ, timeout=300, cwd=str(ROOT)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.split("RESULT", 1)[1])
+    config = json.loads(report["attr"])
+    # explicit flags win over --moe-pruner-config, which fills what the flags leave unset
+    assert config["policy"] == "xshare-spec" and config["k0"] == 1 and config["request_budget"] == 3
+    assert config["budget"] == 2 and config["phases"] == ["verify"] and config["log_interval"] == 50
+    attr, env, summary = report["child"]
+    assert attr == report["attr"] and env == report["attr"]
+    assert summary.startswith("policy=xshare-spec k0=1 request_budget=3 budget=2")
+
+
+REGISTER = """
+    import json, logging
+    logging.basicConfig(level=logging.INFO)
+    from xshare_sglang.sglang_plugin import hooks, liveness, register
+    try:
+        register()
+        register()  # idempotent
+        status = "ok"
+    except SystemExit as exc:
+        status = f"exit {exc.code}"
+    print("RESULT" + json.dumps({
+        "status": status,
+        "cli_unhooked": liveness.unhooked(hooks.CLI_HOOKS) if status == "ok" else None,
+        "routing_unhooked": liveness.unhooked(hooks.ROUTING_HOOKS) if status == "ok" else None,
+    }))
+"""
+
+
+@pytest.mark.parametrize(
+    ("env_value", "routing"),
+    [(None, False), ('{"policy": "none"}', False), ('{"policy": "xshare", "budget": 4}', True)],
+    ids=["unset", "none", "xshare"],
+)
+def test_register_applies_routing_hooks_only_when_asked(env_value, routing) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: F401  (SGLang installed)
+
+    code = (
+        REGISTER
+        + """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    HookRegistry.apply_hooks()  # what load_plugins does after the plugins ran
+    print("CLI" + json.dumps(liveness.unhooked(hooks.CLI_HOOKS)))
+    """
+    )
+    result = _python(code, env={ENV_VAR: env_value} if env_value else None)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.split("RESULT", 1)[1].splitlines()[0])
+    assert report["status"] == "ok"
+    assert json.loads(result.stdout.split("CLI", 1)[1].splitlines()[0]) == []
+    all_routing = len(report["routing_unhooked"]) == 0
+    none_routing = len(report["routing_unhooked"]) == 6
+    assert all_routing if routing else none_routing
+    if routing:
+        assert "routing hooks in place" in result.stderr
+
+
+def test_register_refuses_a_bad_environment_config() -> None:
+    result = _python(REGISTER, env={ENV_VAR: '{"policy": "xshare", "tau": 7}'})
+    report = json.loads(result.stdout.split("RESULT", 1)[1])
+    assert report["status"] == "exit 2"
+    assert f"{ENV_VAR}: PrunerConfig.tau=7 is invalid" in result.stderr

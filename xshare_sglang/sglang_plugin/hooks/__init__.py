@@ -1,0 +1,28 @@
+"""The SGLang targets the plugin hooks: one module per target, each headed by why, how, and when it
+can be removed.  Every module defines ``TARGET`` (dotted path), ``KIND`` (before / after / around /
+replace, as ``HookType`` values) and ``hook``.
+"""
+
+from . import (
+    decode_graph_load_batch,
+    dispatch_transform_inputs,
+    model_runner_forward_raw,
+    model_runner_init,
+    server_args_add_cli_args,
+    server_args_from_cli_args,
+    topk_post_process,
+    topk_select_experts,
+)
+
+#: Registered in every process: the flags must parse wherever SGLang parses arguments.
+CLI_HOOKS = (server_args_add_cli_args, server_args_from_cli_args)
+
+#: Registered where the pruner is on: what routing and CUDA graphs need.
+ROUTING_HOOKS = (
+    model_runner_init,
+    model_runner_forward_raw,
+    decode_graph_load_batch,
+    topk_select_experts,
+    dispatch_transform_inputs,
+    topk_post_process,
+)

@@ -1,0 +1,98 @@
+"""AFTER ``sglang.srt.model_executor.model_runner.ModelRunner.__init__`` (checked:
+model_runner.py:344; graphs are captured later, from scheduler.py:1124, 0.5.23).
+
+Why: the pruner needs the loaded target model (its MoE layers, top-k, expert counts, routing
+format) to check the config and allocate its buffers before any CUDA graph is captured, and it must
+take part in those captures.
+How: for the target ModelRunner only (never the draft worker): build the runtime (a config the
+model cannot take stops the server here with a clear message), append a head hook and a tail hook to
+``capture_head_hooks`` / ``capture_tail_hooks`` (called inside every decode/verify graph capture,
+decode_cuda_graph_runner.py:1410 and :1469), verify every routing hook is in place and log the
+proof-of-life line ``moe-pruner active: policy=... config=... hooks=[...]``.
+Remove when: SGLang offers a model-loaded plugin event and a per-forward context plugins can extend.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .. import liveness
+from ..metrics import MetricsReporter
+from ..model_layers import PrunerSetupError, build_runtime
+from ..runtime import ForwardScope, get_runtime, set_runtime
+from ..settings import settings_from_env
+from .phases import phase_of
+
+logger = logging.getLogger(__name__)
+
+TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.__init__"
+KIND = "after"
+
+
+def capture_head(graph_runner, forward_batch) -> None:
+    """Start of a decode/verify graph capture (and of its warm-up runs): publish the graph's scope."""
+    runtime = get_runtime()
+    if runtime is None:
+        return
+    buffer = runtime.num_valid_buffer
+    if not (buffer.is_cuda and torch.cuda.is_current_stream_capturing()):
+        # warm-up runs: every captured row is real; inside the capture the buffer must not be
+        # written (the fill would be recorded and replayed over the real count)
+        buffer.fill_(forward_batch.input_ids.shape[0])
+    runtime.enter(
+        ForwardScope(
+            phase=phase_of(graph_runner.capture_forward_mode),
+            tokens_per_request=graph_runner.captured_req_width,
+            num_valid=runtime.num_valid_buffer,
+        )
+    )
+
+
+def capture_tail(graph_runner, out, forward_batch, num_tokens) -> None:
+    runtime = get_runtime()
+    if runtime is not None:
+        runtime.leave(None)
+
+
+def hook(result, self, *args, **kwargs):
+    if self.is_draft_worker:
+        return None
+    settings = settings_from_env()
+    if settings is None or not settings.enabled:
+        return None
+    from sglang.srt.runtime_context import get_parallel
+
+    from . import ROUTING_HOOKS
+
+    missing = liveness.unhooked(ROUTING_HOOKS)
+    if missing:
+        raise PrunerSetupError(f"moe-pruner: hooks not in place, refusing to start: {', '.join(missing)}")
+    runtime = build_runtime(settings, self.model, self.device, ep_size=get_parallel().moe_ep_size)
+    runtime.runner = self
+    runtime.reporter = MetricsReporter(
+        runtime, prometheus=_metrics_enabled(), labels={"tp_rank": str(getattr(self, "tp_rank", 0))}
+    )
+    set_runtime(runtime)
+    self.capture_head_hooks.append(capture_head)
+    self.capture_tail_hooks.append(capture_tail)
+    logger.info(
+        "moe-pruner active: policy=%s config=%s layers=%d hooks=[%s]",
+        settings.pruner.policy,
+        settings.pruner.summary(),
+        len(runtime.layers),
+        ", ".join(
+            module.TARGET.rsplit(".", 2)[-2] + "." + module.TARGET.rsplit(".", 1)[-1] for module in ROUTING_HOOKS
+        ),
+    )
+    return None
+
+
+def _metrics_enabled() -> bool:
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return bool(get_server_args().enable_metrics)
+    except Exception:  # no published server args (tests, offline use)
+        return False

@@ -1,0 +1,31 @@
+"""AFTER ``sglang.srt.layers.moe.topk._post_process_topk_ids`` (checked: topk.py:2548, called at
+topk.py:3126, 0.5.23).
+
+Why: after masking, a token with fewer kept candidates than k (or grouped routing reaching a group
+without kept experts) still picks pruned experts at weight ~0, and CUDA-graph padding rows are routed
+too; the fused MoE kernel would read those experts.  This is the last step before SGLang's
+expert-distribution recorder, so rewriting here keeps the recorder consistent.
+How: in place, set leftover picks and padding rows to -1 with weight 0 (one Triton launch that also
+accumulates the layer's metrics); mirror the change into the recorder's id tensor when it is a
+separate tensor.
+Remove when: SGLang's router accepts a keep mask and drops pruned experts itself.
+"""
+
+from __future__ import annotations
+
+from ..runtime import get_runtime
+
+TARGET = "sglang.srt.layers.moe.topk._post_process_topk_ids"
+KIND = "after"
+
+
+def hook(result, *args, **kwargs):
+    runtime = get_runtime()
+    call = runtime.call if runtime is not None else None
+    if call is None or not call.masked:
+        return None
+    topk_ids, topk_weights, recorder_ids = result
+    runtime.rewrite(call, topk_ids, topk_weights)
+    if recorder_ids is not None and recorder_ids.data_ptr() != topk_ids.data_ptr():
+        recorder_ids.copy_(topk_ids[:, : recorder_ids.shape[1]])
+    return None

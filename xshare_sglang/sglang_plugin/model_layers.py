@@ -1,0 +1,159 @@
+"""Find the target model's MoE layers, check the config against them, and build the runtime.
+
+Runs once per target ModelRunner, after the model is loaded and before CUDA graphs are captured.
+Everything that needs the model is checked here, so that a bad combination stops the server at
+start-up with a message instead of misbehaving while it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..config import PrunerConfig
+from ..policies.rewrite import METRIC_COLUMNS
+from .runtime import LayerState, PrunerRuntime
+from .settings import PluginSettings
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SCORING = ("softmax", "sigmoid")
+
+
+class PrunerSetupError(RuntimeError):
+    """The pruner was asked for but cannot run on this model or server configuration."""
+
+
+def find_moe_layers(model: torch.nn.Module) -> list[tuple[Any, int]]:
+    """(TopK module, number of routed experts) for every MoE layer of ``model``, by layer id.
+
+    The expert count comes from the layer's ``FusedMoE`` module (``num_experts``), matched by
+    ``layer_id``.
+    """
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.layers.moe.topk import TopK
+
+    topks: dict[int, Any] = {}
+    experts: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, TopK) and not module.is_draft:
+            topks[module.layer_id] = module
+        elif isinstance(module, FusedMoE):
+            experts[module.layer_id] = module.num_experts - module.num_fused_shared_experts
+    missing = sorted(set(topks) - set(experts))
+    if missing:
+        raise PrunerSetupError(f"moe-pruner: no FusedMoE module found for the TopK of layers {missing}")
+    return [(topks[layer_id], experts[layer_id]) for layer_id in sorted(topks)]
+
+
+def check_model(cfg: PrunerConfig, layers: list[tuple[Any, int]], *, ep_size: int) -> None:
+    """Raise :class:`PrunerSetupError` for any config value this model cannot take."""
+    from sglang.srt.layers.moe.topk import TopKOutputFormat
+
+    if not layers:
+        raise PrunerSetupError("moe-pruner: the model has no MoE layers (no SGLang TopK module found)")
+    for topk, num_experts in layers:
+        config = topk.topk_config
+        if config.output_format not in (None, TopKOutputFormat.STANDARD):
+            raise PrunerSetupError(
+                f"moe-pruner: layer {topk.layer_id} routes inside the MoE kernel "
+                f"({config.output_format.name} output), where the pruner cannot act. "
+                "Start the server with --moe-runner-backend triton."
+            )
+        if config.scoring_func not in SUPPORTED_SCORING:
+            raise PrunerSetupError(
+                f"moe-pruner: layer {topk.layer_id} scores experts with {config.scoring_func!r}; "
+                f"the pruner supports {', '.join(SUPPORTED_SCORING)}"
+            )
+        top_k = config.top_k - config.num_shared_topk_slots
+        try:
+            cfg.validate_for_model(top_k=top_k, num_experts=num_experts)
+        except ValueError as exc:
+            raise PrunerSetupError(f"moe-pruner: {exc} (layer {topk.layer_id})") from None
+    ranking = cfg.static_ranking
+    if ranking is not None:
+        last_layer = max(topk.layer_id for topk, _ in layers)
+        if last_layer >= ranking.num_layers:
+            raise PrunerSetupError(
+                f"moe-pruner: --moe-pruner-static-ranking-path {cfg.static_ranking_path} has "
+                f"{ranking.num_layers} layers, but the model has MoE layer {last_layer} (rows are "
+                "indexed by layer id)"
+            )
+    if cfg.policy == "xshare-ep" and ep_size <= 1:
+        raise PrunerSetupError(
+            "moe-pruner: policy xshare-ep balances experts over expert-parallel ranks, but this server "
+            "runs with --ep-size 1; use --moe-pruner xshare, or start with --ep-size > 1"
+        )
+
+
+def expert_owner_of(layer_id: int) -> torch.Tensor | None:
+    """Rank that holds each logical expert of a layer (its first physical replica), or None."""
+    from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+
+    meta = get_global_expert_location_metadata()
+    if meta is None:
+        return None
+    first_replica = meta.logical_to_all_physical_map[layer_id, :, 0]
+    return (first_replica // meta.num_local_physical_experts).to(torch.int32)
+
+
+def physical_to_logical(layer_id: int) -> torch.Tensor | None:
+    """Logical expert of each physical expert of a layer when SGLang remaps experts, else None."""
+    from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+    from sglang.srt.layers.moe.topk import is_expert_remapping_enabled
+
+    if not is_expert_remapping_enabled():
+        return None
+    meta = get_global_expert_location_metadata()
+    return None if meta is None else meta.physical_to_logical_map[layer_id]
+
+
+def make_layer_state(topk_config: Any, *, layer_id: int, row: int, num_experts: int, device) -> LayerState:
+    """Per-layer state and buffers for one of SGLang's ``TopKConfig`` objects."""
+    return LayerState(
+        layer_id=layer_id,
+        row=row,
+        topk_config=topk_config,
+        num_experts=num_experts,
+        top_k=topk_config.top_k - topk_config.num_shared_topk_slots,
+        scoring=topk_config.scoring_func,
+        keep=torch.ones(num_experts, dtype=torch.bool, device=device),
+        stats=torch.zeros(2, dtype=torch.int64, device=device),
+    )
+
+
+def make_runtime(settings: PluginSettings, states: dict[int, LayerState], device) -> PrunerRuntime:
+    """A runtime over the given layer states (keyed by ``id(topk_config)``)."""
+    return PrunerRuntime(
+        settings=settings,
+        device=torch.device(device),
+        layers=states,
+        num_valid_buffer=torch.zeros(1, dtype=torch.int32, device=device),
+        metrics=torch.zeros(len(states), len(METRIC_COLUMNS), dtype=torch.float64, device=device),
+        physical_to_logical=physical_to_logical,
+    )
+
+
+def build_runtime(
+    settings: PluginSettings,
+    model: torch.nn.Module,
+    device: torch.device | str,
+    *,
+    ep_size: int = 1,
+) -> PrunerRuntime:
+    """Check ``settings`` against ``model`` and allocate every buffer the routing hooks use."""
+    device = torch.device(device)
+    cfg = settings.pruner
+    layers = find_moe_layers(model)
+    check_model(cfg, layers, ep_size=ep_size)
+    states = {}
+    for row, (topk, num_experts) in enumerate(layers):
+        expert_to_rank = expert_owner_of(topk.layer_id) if cfg.policy == "xshare-ep" else None
+        state = make_layer_state(
+            topk.topk_config, layer_id=topk.layer_id, row=row, num_experts=num_experts, device=device
+        )
+        state.expert_to_rank = expert_to_rank
+        states[id(topk.topk_config)] = state
+    return make_runtime(settings, states, device)

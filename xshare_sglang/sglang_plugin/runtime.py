@@ -1,0 +1,220 @@
+"""The pruner inside one SGLang scheduler process: its state, and the steps the routing hooks run.
+
+State published by the forward hooks (:class:`ForwardScope`) says whether the current forward is one
+to prune and how it is laid out; the routing hooks then, per MoE layer call of the target model:
+
+1. :meth:`PrunerRuntime.begin_call` - is this layer call pruned?  (target model, pruned phase);
+2. :meth:`PrunerRuntime.select_and_mask` - compute the keep mask from the router logits and mask
+   the logits (in place) and the correction bias (into a per-layer buffer);
+3. :meth:`PrunerRuntime.rewrite` - after SGLang routed: leftover picks and padding rows to ``-1``,
+   and the layer's metrics, accumulated on the device.
+
+Everything on the per-layer path is device work with static shapes: it runs eagerly, and it is
+recorded into (and replayed from) SGLang's decode CUDA graphs.  A failure in step 2 leaves the
+layer call unpruned, is counted, and is logged at most once a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..kernels import SelectionWorkspace, apply_keep_mask, rewrite_routing, select_keep_mask
+from ..policies.apply import MASKED_LOGIT
+from .settings import PluginSettings
+
+logger = logging.getLogger(__name__)
+
+FAULT_LOG_PERIOD_S = 60.0
+
+
+@dataclass
+class ForwardScope:
+    """The forward being run, as the routing hooks need it.
+
+    Attributes
+    ----------
+    phase : str or None
+        ``decode``, ``verify``, ``extend``, ``mixed``, or None for modes never pruned.
+    tokens_per_request : int
+        D: rows ``[i*D, (i+1)*D)`` belong to request i (1 outside speculative verify).
+    num_valid : Tensor [1] or None
+        Real-token count on the device (CUDA graphs: refilled before each replay); None when
+        every row is real (eager forwards).
+    """
+
+    phase: str | None
+    tokens_per_request: int = 1
+    num_valid: torch.Tensor | None = None
+
+
+@dataclass
+class LayerState:
+    """One MoE layer of the target model and its preallocated buffers."""
+
+    layer_id: int
+    row: int
+    topk_config: Any  # SGLang's TopKConfig: identity marks the layer as the target model's
+    num_experts: int
+    top_k: int
+    scoring: str
+    keep: torch.Tensor
+    stats: torch.Tensor
+    expert_to_rank: torch.Tensor | None = None
+    masked_bias: torch.Tensor | None = None
+
+
+@dataclass
+class LayerCall:
+    """One ``select_experts`` call of a pruned layer, from the select hook to the rewrite hook."""
+
+    layer: LayerState
+    num_valid: torch.Tensor | None
+    masked: bool = False
+
+
+@dataclass
+class PrunerRuntime:
+    """The pruner's state in one scheduler process (one target ModelRunner)."""
+
+    settings: PluginSettings
+    device: torch.device
+    layers: dict[int, LayerState]  # keyed by id(topk_config)
+    num_valid_buffer: torch.Tensor  # [1] int32, owned by the plugin, refilled before graph replays
+    metrics: torch.Tensor  # [num_layers, 4] float64: see policies.rewrite.METRIC_COLUMNS
+    physical_to_logical: Any = None  # callable(layer_id) -> Tensor [P] or None
+    runner: Any = None  # the target ModelRunner
+    reporter: Any = None  # MetricsReporter
+    scope: ForwardScope | None = None
+    call: LayerCall | None = None
+    faults: int = 0
+    pruned_forwards: int = 0
+    _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)
+    _workspaces: dict[tuple[str, int], SelectionWorkspace] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ scopes
+    def enter(self, scope: ForwardScope | None) -> ForwardScope | None:
+        """Publish the scope of the forward about to run; returns the previous one."""
+        previous, self.scope = self.scope, scope
+        return previous
+
+    def leave(self, previous: ForwardScope | None) -> None:
+        self.scope = previous
+        self.call = None
+
+    def pruning_phase(self) -> bool:
+        scope = self.scope
+        return scope is not None and scope.phase in self.settings.pruner.phases
+
+    # ------------------------------------------------------------------ per layer call
+    def begin_call(self, topk_config: Any, num_token_non_padded: torch.Tensor | None) -> LayerCall | None:
+        """Start a layer call; None when it is not to be pruned (draft model, phase, unknown layer)."""
+        self.call = None
+        if not self.pruning_phase():
+            return None
+        layer = self.layers.get(id(topk_config))
+        if layer is None or layer.topk_config is not topk_config:
+            return None
+        num_valid = num_token_non_padded if num_token_non_padded is not None else self.scope.num_valid
+        self.call = LayerCall(layer, num_valid)
+        return self.call
+
+    def end_call(self) -> None:
+        self.call = None
+
+    def _workspace(self, logits: torch.Tensor) -> SelectionWorkspace:
+        key = (str(logits.device), logits.shape[1])
+        if key not in self._workspaces:
+            self._workspaces[key] = SelectionWorkspace(logits.shape[1], logits.device)
+        return self._workspaces[key]
+
+    def select_and_mask(
+        self, call: LayerCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Keep mask of this call; router logits masked in place, bias masked into a buffer.
+
+        Never raises: on any error the inputs come back untouched and the call stays unpruned.
+        """
+        layer = call.layer
+        try:
+            if router_logits.dim() != 2 or router_logits.shape[1] != layer.num_experts:
+                raise ValueError(
+                    f"router logits of shape {tuple(router_logits.shape)}, expected [T, {layer.num_experts}]"
+                )
+            select_keep_mask(
+                router_logits,
+                self.settings.pruner,
+                top_k=layer.top_k,
+                tokens_per_request=self.scope.tokens_per_request,
+                num_valid_tokens=call.num_valid,
+                expert_to_rank=layer.expert_to_rank,
+                scoring=layer.scoring,
+                out=layer.keep,
+                workspace=self._workspace(router_logits),
+                layer_id=layer.layer_id,
+                stats_out=layer.stats,
+            )
+            masked_bias = None
+            if correction_bias is not None and correction_bias.dim() == 1:
+                if layer.masked_bias is None or layer.masked_bias.dtype != correction_bias.dtype:
+                    layer.masked_bias = torch.empty_like(correction_bias)
+                _, masked_bias = apply_keep_mask(
+                    router_logits, layer.keep, bias=correction_bias, out=router_logits, bias_out=layer.masked_bias
+                )
+            else:
+                apply_keep_mask(router_logits, layer.keep, out=router_logits)
+                if correction_bias is not None:  # per-token bias [T, E]
+                    masked_bias = correction_bias.masked_fill(~layer.keep, MASKED_LOGIT)
+        except Exception as exc:  # a pruner fault must never take the server down
+            self.record_fault(layer, exc)
+            return router_logits, correction_bias
+        call.masked = True
+        return router_logits, masked_bias
+
+    def rewrite(self, call: LayerCall, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """Drop leftover picks of pruned experts and padding rows (in place); count the layer call."""
+        if not call.masked:
+            return
+        layer = call.layer
+        p2l = self.physical_to_logical(layer.layer_id) if self.physical_to_logical is not None else None
+        rewrite_routing(
+            topk_ids,
+            topk_weights,
+            layer.keep,
+            num_valid_tokens=call.num_valid,
+            physical_to_logical=p2l,
+            metrics_row=self.metrics[layer.row],
+            stats=layer.stats,
+        )
+
+    # ------------------------------------------------------------------ faults
+    def record_fault(self, layer: LayerState, exc: BaseException) -> None:
+        self.faults += 1
+        now = time.monotonic()
+        if now - self._last_fault_log >= FAULT_LOG_PERIOD_S:
+            self._last_fault_log = now
+            logger.error(
+                "moe-pruner: selection failed in layer %d, routing left unpruned for this call "
+                "(%d failures so far): %s: %s",
+                layer.layer_id,
+                self.faults,
+                type(exc).__name__,
+                exc,
+            )
+
+
+_RUNTIME: PrunerRuntime | None = None
+
+
+def get_runtime() -> PrunerRuntime | None:
+    """The process's runtime, or None before the target model was loaded (or with the pruner off)."""
+    return _RUNTIME
+
+
+def set_runtime(runtime: PrunerRuntime | None) -> None:
+    global _RUNTIME
+    _RUNTIME = runtime

@@ -1,5 +1,5 @@
 """AFTER ``sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.load_batch``
-(checked: decode_cuda_graph_runner.py:1521; sets ``raw_num_token`` at :1694, 0.5.23).
+(checked: decode_cuda_graph_runner.py:1521; sets ``raw_num_token`` at :1695, 0.5.23).
 
 Why: a replayed decode/verify graph was captured for a padded batch size; the real-token count
 changes every step and only the host knows it.  Padding rows must not vote and must route to -1.

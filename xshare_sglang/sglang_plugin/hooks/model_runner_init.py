@@ -7,7 +7,7 @@ take part in those captures.
 How: for the target ModelRunner only (never the draft worker): build the runtime (a config the
 model cannot take stops the server here with a clear message), append a head hook and a tail hook to
 ``capture_head_hooks`` / ``capture_tail_hooks`` (called inside every decode/verify graph capture,
-decode_cuda_graph_runner.py:1410 and :1469), verify every routing hook is in place and log the
+decode_cuda_graph_runner.py:1411 and :1470), verify every routing hook is in place and log the
 proof-of-life line ``moe-pruner active: policy=... config=... hooks=[...]``.
 Remove when: SGLang offers a model-loaded plugin event and a per-forward context plugins can extend.
 """

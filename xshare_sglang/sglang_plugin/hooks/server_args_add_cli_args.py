@@ -1,4 +1,4 @@
-"""AFTER ``sglang.srt.server_args.ServerArgs.add_cli_args`` (checked: server_args.py:350, 0.5.23).
+"""AFTER ``sglang.srt.server_args.ServerArgs.add_cli_args`` (checked: server_args.py:351, 0.5.23).
 
 Why: the ``--moe-pruner*`` flags must exist in ``python -m sglang.launch_server --help`` and parse
 in ``launch_server`` and ``sglang serve``; SGLang builds its parser in this static method.

@@ -53,10 +53,9 @@ def lynx_count_kernel(
     counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32)
     first_row = pid * rows_per_program
     for c in range(0, rows_per_program, CHUNK_T):
-        offs = c + tl.arange(0, CHUNK_T)
-        rows = first_row + offs
-        row_ok = (offs < rows_per_program) & (rows < n_valid)
-        x = load_logits(logits_ptr, stride_t, stride_e, rows, row_ok, e, e_ok)
+        x, row_ok = load_logits(
+            logits_ptr, stride_t, stride_e, first_row, c, rows_per_program, n_valid, e, e_ok, CHUNK_T
+        )
         depth = -lynx_bins(x, alpha, beta)  # 0 .. beta
         for j in tl.static_range(BLOCK_BINS):
             in_bin = tl.sum(((depth == j) & row_ok[:, None]).to(tl.int32), axis=0)
@@ -143,10 +142,9 @@ def lynx_pick_kernel(
     picked_any = tl.zeros([BLOCK_E], tl.int32)
     first_row = pid * rows_per_program
     for c in range(0, rows_per_program, CHUNK_T):
-        offs = c + tl.arange(0, CHUNK_T)
-        rows = first_row + offs
-        row_ok = (offs < rows_per_program) & (rows < n_valid)
-        x = load_logits(logits_ptr, stride_t, stride_e, rows, row_ok, e, e_ok)
+        x, row_ok = load_logits(
+            logits_ptr, stride_t, stride_e, first_row, c, rows_per_program, n_valid, e, e_ok, CHUNK_T
+        )
         bins = lynx_bins(x, alpha, beta)
         open_ = (x > float("-inf")) & row_ok[:, None]
         picked = tl.zeros(x.shape, tl.int32)

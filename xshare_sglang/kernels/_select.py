@@ -42,12 +42,19 @@ def num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR: tl.conste
 
 
 @triton.jit
-def load_logits(logits_ptr, stride_t, stride_e, rows, row_ok, e, e_ok):
-    """A [rows, experts] tile as float32; NaN -> -inf, +inf -> max float32, padding -> -inf."""
+def load_logits(logits_ptr, stride_t, stride_e, first_row, start, num_rows, n_valid, e, e_ok, CHUNK_T: tl.constexpr):
+    """Rows ``first_row + start + [0, CHUNK_T)`` of a block of ``num_rows`` rows, as a float32 tile.
+
+    NaN -> -inf, +inf -> max float32; rows outside the block or at/after ``n_valid`` (padding) read
+    as -inf.  Returns the tile [CHUNK_T, BLOCK_E] and which of its rows are real [CHUNK_T].
+    """
+    offs = start + tl.arange(0, CHUNK_T)
+    rows = first_row + offs
+    row_ok = (offs < num_rows) & (rows < n_valid)
     ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_t + e[None, :] * stride_e
     x = tl.load(ptrs, mask=row_ok[:, None] & e_ok[None, :], other=float("-inf")).to(tl.float32)
     x = tl.where(x != x, float("-inf"), x)
-    return tl.where(x == float("inf"), FP32_MAX, x)
+    return tl.where(x == float("inf"), FP32_MAX, x), row_ok
 
 
 @triton.jit
@@ -141,10 +148,9 @@ def token_pass_kernel(
         agg_r = tl.zeros([BLOCK_E], tl.int64)
         warm_r = tl.zeros([BLOCK_E], tl.int32)
         for c in range(0, rows_per_request, CHUNK_T):
-            offs = c + tl.arange(0, CHUNK_T)
-            rows = first_row + offs
-            row_ok = (offs < rows_per_request) & (rows < n_valid)
-            x = load_logits(logits_ptr, stride_t, stride_e, rows, row_ok, e, e_ok)
+            x, row_ok = load_logits(
+                logits_ptr, stride_t, stride_e, first_row, c, rows_per_request, n_valid, e, e_ok, CHUNK_T
+            )
             rank = row_ranks(x, e, n_iter, BLOCK_E)
             warm_rows = (rank < k0) & row_ok[:, None]
             warm_r = tl.maximum(warm_r, tl.max(warm_rows.to(tl.int32), axis=0))

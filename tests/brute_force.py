@@ -41,14 +41,24 @@ def top_candidates(row: list[float], k: int) -> list[int]:
     return [e for e in by_value_desc(row) if row[e] > NEG_INF][:k]
 
 
-def score_rows(rows: list[list[float]], score: str, scoring: str, top_k: int) -> list[list[int]]:
-    """Fixed-point scores floor(score * 2**24), one token at a time."""
+def score_rows(
+    rows: list[list[float]], score: str, scoring: str, top_k: int, weights: list[float] | None = None
+) -> list[list[int]]:
+    """Fixed-point scores floor(score * weight * 2**24), one token at a time."""
     out = []
-    for row in rows:
+    for t, row in enumerate(rows):
         one_row = torch.tensor([row], dtype=torch.float32)
         scores = token_scores(one_row, score=score, scoring=scoring, top_k=top_k)[0].tolist()
-        out.append([int(s * ONE) for s in scores])
+        w = 1.0 if weights is None else weights[t]
+        out.append([int(s * w * ONE) for s in scores])
     return out
+
+
+def clean_weight(value: float) -> float:
+    """A vote weight as the selection reads it: NaN counts 0, the rest is clamped to [0, 1]."""
+    if math.isnan(value):
+        return 0.0
+    return min(1.0, max(0.0, value))
 
 
 def greedy(start: set[int], agg: list[int], count: int) -> set[int]:
@@ -88,15 +98,22 @@ def select(
     expert_to_rank: list[int] | None = None,
     scoring: str = "softmax",
     layer_id: int | None = None,
+    token_weights: list[float] | None = None,
 ) -> list[bool]:
-    """Keep mask as a list of E bools, by the letter of DESIGN section 4."""
+    """Keep mask as a list of E bools, by the letter of DESIGN section 4.
+
+    Vote weights (speculative verify): the batch size n counts every real row; only real rows with
+    weight > 0 vote (warm-up, scores, LYNX picks), and their scores are multiplied by the weight.
+    """
     num_tokens, num_experts = logits.shape
     if cfg.policy == "none":
         return [True] * num_experts
     rows = clean_rows(logits)
     n = num_tokens if num_valid_tokens is None else max(0, min(num_valid_tokens, num_tokens))
-    tokens = list(range(n))
-    q = score_rows(rows, cfg.effective_score, scoring, top_k)
+    weights = None if token_weights is None else [clean_weight(w) for w in token_weights]
+    real = list(range(n))
+    tokens = real if weights is None else [t for t in real if weights[t] > 0]
+    q = score_rows(rows, cfg.effective_score, scoring, top_k, weights)
     agg = sums(q, tokens, num_experts)
     warm_set: set[int] = set()
 
@@ -120,7 +137,7 @@ def select(
         union: set[int] = set()
         d = tokens_per_request
         for start in range(0, n, d):
-            request = tokens[start : start + d]
+            request = [t for t in tokens if start <= t < start + d]
             request_warm = warm(rows, request, cfg.k0)
             warm_set |= request_warm
             union |= greedy(request_warm, sums(q, request, num_experts), cfg.request_budget)
@@ -143,10 +160,17 @@ def select(
             values = list(counts)
         else:
             values = agg
-        kept = set(by_value_desc(values)[: cfg.max_experts]) if n > 0 else set()
+        if cfg.scope == "request":
+            kept = set()
+            for start in range(0, n, tokens_per_request):
+                request = [t for t in tokens if start <= t < start + tokens_per_request]
+                if request:
+                    kept |= set(by_value_desc(sums(q, request, num_experts))[: cfg.max_experts])
+        else:
+            kept = set(by_value_desc(values)[: cfg.max_experts]) if n > 0 else set()
     elif cfg.policy == "lynx":
         kept = set()
-        if n > 0:
+        if tokens:
             bins = []
             for t in tokens:
                 row_max = max(rows[t])
@@ -155,7 +179,7 @@ def select(
             s = []
             for e in range(num_experts):
                 per_bin: dict[int, int] = {}
-                for i in range(n):
+                for i in range(len(tokens)):
                     per_bin[bins[i][e]] = per_bin.get(bins[i][e], 0) + 1
                 s.append(sum(count * base**b for b, count in per_bin.items()))
             for i, t in enumerate(tokens):

@@ -98,3 +98,14 @@ def configs(draw, policy: str, top_k: int, num_experts: int):
         kwargs["min_tokens"] = low
         kwargs["max_tokens"] = draw(st.integers(max(low, 1), 300))
     return PrunerConfig(**kwargs)
+
+
+@st.composite
+def vote_weights(draw, num_tokens: int):
+    """Per-row vote weights of a verify batch: 1, 0 (never accepted), depth-decay powers, arbitrary
+    values, and values the selection must clean (NaN, < 0, > 1)."""
+    value = st.one_of(
+        st.sampled_from([1.0, 0.0, 0.5, 0.25, 0.125, 0.7**3, float("nan"), -1.0, 2.0]),
+        st.floats(0.0, 1.0, width=32),
+    )
+    return draw(st.lists(value, min_size=num_tokens, max_size=num_tokens))

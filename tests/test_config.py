@@ -39,8 +39,12 @@ def _ranking_file(tmp_path, counts, **extra):
     return str(path)
 
 
+# Added by issue 5 (speculative verify), after the DESIGN fields so positional order stays stable.
+VERIFY_FIELDS = ["scope", "depth_decay"]
+
+
 def test_field_names_are_design_section_4() -> None:
-    assert list(PrunerConfig.field_names()) == DESIGN_FIELDS
+    assert list(PrunerConfig.field_names()) == DESIGN_FIELDS + VERIFY_FIELDS
 
 
 def test_frozen() -> None:

@@ -7,6 +7,7 @@ and all three input dtypes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 
@@ -237,3 +238,58 @@ def test_stats_out_matches_reference(policy: str) -> None:
     assert got.cpu().tolist() == keep.tolist()
     assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
     assert stats[1] > 0 and 0 <= stats[0] <= stats[1]
+
+
+def _vote_weights(num_tokens: int, seed: int) -> torch.Tensor:
+    """Weights of every kind the selection must handle: 1, 0 (never accepted), powers of a decay,
+    arbitrary values in (0, 1), and out-of-range values (NaN and < 0 count as 0, > 1 as 1)."""
+    g = torch.Generator().manual_seed(seed)
+    kinds = torch.randint(0, 6, (num_tokens,), generator=g)
+    depth_decay = 0.5 ** torch.randint(0, 8, (num_tokens,), generator=g).float()
+    choices = torch.stack(
+        [
+            torch.ones(num_tokens),
+            torch.zeros(num_tokens),
+            depth_decay,
+            torch.rand(num_tokens, generator=g),
+            torch.full((num_tokens,), float("nan")),
+            torch.randn(num_tokens, generator=g) * 3,
+        ],
+        dim=1,
+    )
+    return choices.gather(1, kinds[:, None])[:, 0]
+
+
+VOTE_CASES = [(policy, "batch") for policy in POLICIES] + [("moe-spec", "request")]
+
+
+@pytest.mark.parametrize(("policy", "scope"), VOTE_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(0, 60), (1, 64), (7, 160), (255, 128), (33, 256), (4097, 64)])
+def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_experts) -> None:
+    """Speculative verify: weighted votes (and moe-spec's per-request budgets) agree exactly with the
+    reference, masks and the (kept, total) aggregate both."""
+    from xshare_sglang.policies.api import select_with_aggregate
+
+    seed = num_tokens * 31 + num_experts
+    case = _random_case(policy, num_tokens, num_experts, seed)
+    cfg = case["cfg"]
+    if policy == "moe-spec":
+        cfg = dataclasses.replace(cfg, scope=scope)
+    weights = _vote_weights(num_tokens, seed)
+    num_valid = max(0, num_tokens - 3)
+    kwargs = dict(
+        top_k=case["top_k"],
+        tokens_per_request=case["tokens_per_request"],
+        expert_to_rank=case["expert_to_rank"],
+        scoring=case["scoring"],
+        num_valid_tokens=num_valid,
+    )
+    logits = make_logits(num_tokens, num_experts, case["style"], seed)
+    keep, aggregate = select_with_aggregate(logits, cfg, token_weights=weights, **kwargs)
+    kwargs["expert_to_rank"] = kwargs["expert_to_rank"].to(DEVICE)
+    kwargs["num_valid_tokens"] = torch.tensor([num_valid], device=DEVICE)
+    stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
+    got = select_keep_mask(logits.to(DEVICE), cfg, token_weights=weights.to(DEVICE), stats_out=stats, **kwargs)
+    assert got.cpu().tolist() == keep.tolist(), f"{cfg.summary()} case={case}"
+    if policy != "lynx":
+        assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]

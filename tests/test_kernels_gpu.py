@@ -124,3 +124,78 @@ def test_eager_calls_never_sync(policy, tmp_path) -> None:
         torch.cuda.set_sync_debug_mode("default")
     want = select_experts_mask(logits.cpu(), cfg, **{**kwargs, "num_valid_tokens": 90, "expert_to_rank": ranks.cpu()})
     assert out.cpu().tolist() == want.tolist()
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=2, budget=2, depth_decay=0.6),
+        PrunerConfig(policy="moe-spec", max_experts=16, scope="request", depth_decay=0.8),
+        PrunerConfig(policy="xshare", k0=1, budget=8, depth_decay=0.5),
+    ],
+    ids=lambda c: f"{c.policy}-{c.scope}",
+)
+def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
+    """The plugin's verify path inside one captured graph: depths from static positions, vote weights
+    from a static acceptable-node buffer, selection and routing rewrite; each replay gets new
+    positions, cut nodes, logits and real-request counts, and is compared with the reference."""
+    from xshare_sglang.kernels import rewrite_routing
+    from xshare_sglang.policies.rewrite import rewrite_routing as rewrite_reference
+    from xshare_sglang.spec import draft_depths, vote_weights
+
+    bs, d, num_experts, top_k = 16, 8, 128, 8
+    num_tokens = bs * d
+    logits = torch.zeros(num_tokens, num_experts, device="cuda")
+    positions = torch.zeros(num_tokens, dtype=torch.int64, device="cuda")
+    acceptable = torch.ones(num_tokens, dtype=torch.bool, device="cuda")
+    num_valid = torch.tensor([num_tokens], dtype=torch.int32, device="cuda")
+    keep = torch.empty(num_experts, dtype=torch.bool, device="cuda")
+    ids = torch.zeros(num_tokens, top_k, dtype=torch.int32, device="cuda")
+    topk_weights = torch.zeros(num_tokens, top_k, device="cuda")
+    workspace = SelectionWorkspace(num_experts, "cuda")
+
+    def step():
+        weights = vote_weights(draft_depths(positions, d), cfg.depth_decay, acceptable)
+        select_keep_mask(
+            logits, cfg, top_k=top_k, tokens_per_request=d, num_valid_tokens=num_valid, out=keep,
+            workspace=workspace, token_weights=weights,
+        )  # fmt: skip
+        rewrite_routing(ids, topk_weights, keep, num_valid_tokens=num_valid, token_weights=weights)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    gen = torch.Generator().manual_seed(0)
+    for replay, real_bs in enumerate([16, 9, 3, 1, 12]):
+        new_logits = make_logits(num_tokens, num_experts, "normal", seed=replay)
+        depth = torch.randint(0, d, (bs, d), generator=gen)
+        depth[:, 0] = 0
+        new_positions = (torch.randint(5, 500, (bs, 1), generator=gen) + depth).reshape(-1)
+        new_acceptable = torch.rand(num_tokens, generator=gen) > 0.2
+        new_ids = new_logits.topk(top_k, dim=1).indices.to(torch.int32)
+        new_weights = torch.rand(num_tokens, top_k, generator=gen)
+        logits.copy_(new_logits)
+        positions.copy_(new_positions)
+        acceptable.copy_(new_acceptable)
+        num_valid.fill_(real_bs * d)
+        ids.copy_(new_ids)
+        topk_weights.copy_(new_weights)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        want_weights = vote_weights(draft_depths(new_positions, d), cfg.depth_decay, new_acceptable)
+        want = select_experts_mask(
+            new_logits, cfg, top_k=top_k, tokens_per_request=d, num_valid_tokens=real_bs * d, token_weights=want_weights
+        )
+        assert keep.cpu().tolist() == want.tolist(), f"replay {replay} ({real_bs} real requests)"
+        rewrite_reference(new_ids, new_weights, want, num_valid_tokens=real_bs * d, token_weights=want_weights)
+        assert torch.equal(ids.cpu(), new_ids) and torch.equal(topk_weights.cpu(), new_weights)
+        assert (ids[real_bs * d :] == -1).all()

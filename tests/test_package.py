@@ -34,8 +34,14 @@ def test_shipped_traces_and_licence() -> None:
 def test_readme_documents_every_flag() -> None:
     from pathlib import Path
 
-    from xshare_sglang.sglang_plugin.flags import CONFIG_FLAG, FIELD_FLAGS, FLAG_PREFIX, LOG_INTERVAL_FLAG
+    from xshare_sglang.sglang_plugin.flags import (
+        CONFIG_FLAG,
+        FIELD_FLAGS,
+        FLAG_PREFIX,
+        LOG_INTERVAL_FLAG,
+        VERIFY_FLAG,
+    )
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    for flag in [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, *(spec.flag for spec in FIELD_FLAGS)]:
+    for flag in [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, VERIFY_FLAG, *(spec.flag for spec in FIELD_FLAGS)]:
         assert f"`{flag} " in readme or f"`{flag}`" in readme or f"{flag} " in readme, flag

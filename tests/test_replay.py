@@ -96,7 +96,7 @@ def test_demo_command(tmp_path, capsys) -> None:
         assert (none["kept"], none["retained_mass"], none["layer_calls"]) == (128, 1.0, len(union))
         oea = by_key[(shape, "oea", "k0=1")]
         assert oea["top1_kept"] == 1.0 and oea["activated"] < none["activated"]
-        assert by_key[(shape, "moe-spec", "max_experts=8 ranking=router")]["kept"] == 8
+        assert by_key[(shape, "moe-spec", "max_experts=8 ranking=router scope=batch")]["kept"] == 8
 
 
 def test_demo_reads_config_list(tmp_path, capsys) -> None:
@@ -112,3 +112,31 @@ def test_demo_reports_bad_shape() -> None:
     with pytest.raises(SystemExit) as info:
         main(["demo", "--shapes", "8"])
     assert info.value.code == 2
+
+
+def test_verify_command(tmp_path, capsys) -> None:
+    """Verify batches: moe-spec's batch scope keeps exactly B; its request scope keeps between B and
+    R x B; xshare-spec keeps every token's top-1; depth decay changes the batch-level votes."""
+    out = tmp_path / "rows.json"
+    assert main(["verify", "--trace", "gptoss", "--shapes", "4x4", "--json", str(out)]) == 0
+    assert "gptoss, 4 requests x 4 tokens" in capsys.readouterr().out
+    rows = {(r["policy"], r["params"]): r for r in json.loads(out.read_text())}
+    assert rows[("moe-spec", "max_experts=8 ranking=router scope=batch")]["kept"] == 8
+    request = rows[("moe-spec", "max_experts=2 ranking=router scope=request")]["kept"]
+    assert 2 < request <= 4 * 2
+    assert rows[("xshare-spec", "k0=1 request_budget=1 budget=0")]["top1_kept"] == 1.0
+    decayed = tmp_path / "decayed.json"
+    assert main(["verify", "--trace", "gptoss", "--shapes", "4x4", "--depth-decay", "0.5", "--json", str(decayed)]) == 0
+    weighted = {(r["policy"], r["params"]): r for r in json.loads(decayed.read_text())}
+    assert weighted[("none", "")] == rows[("none", "")]
+    plain = rows[("moe-spec", "max_experts=8 ranking=router scope=batch")]
+    changed = weighted[("moe-spec", "max_experts=8 ranking=router scope=batch depth_decay=0.5")]
+    assert changed["kept"] == 8 and changed["retained_mass"] != plain["retained_mass"]
+
+
+def test_chain_vote_weights() -> None:
+    from xshare_sglang.replay.demo import chain_vote_weights
+
+    assert chain_vote_weights(BatchShape(2, 3), 0.5).tolist() == [1.0, 0.5, 0.25, 1.0, 0.5, 0.25]
+    assert chain_vote_weights(BatchShape(2, 3), None) is None
+    assert chain_vote_weights(BatchShape(8, 1), 0.5) is None

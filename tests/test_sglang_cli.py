@@ -46,7 +46,13 @@ def test_launch_server_help_lists_every_flag() -> None:
         [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    flags = ["--moe-pruner", "--moe-pruner-config", "--moe-pruner-log-interval", *(s.flag for s in FIELD_FLAGS)]
+    flags = [
+        "--moe-pruner",
+        "--moe-pruner-config",
+        "--moe-pruner-log-interval",
+        "--moe-pruner-verify",
+        *(s.flag for s in FIELD_FLAGS),
+    ]
     for flag in flags:
         assert f"{flag} " in result.stdout or f"{flag}\n" in result.stdout, flag
     assert "{none,oea,xshare,xshare-threshold,xshare-spec,xshare-ep,moe-spec,lynx}" in result.stdout
@@ -72,6 +78,14 @@ def test_parsing_errors_name_the_flag() -> None:
         "config": ["--moe-pruner-config", "{bad"],
         "unknown_key": ["--moe-pruner-config", '{"policy": "xshare", "bugdet": 3}'],
         "ranking": ["--moe-pruner", "xshare", "--moe-pruner-ranking", "static"],
+        "verify": ["--moe-pruner-verify", "xshare-tree"],
+        "verify_phase": ["--moe-pruner", "xshare", "--moe-pruner-phases", "decode", "--moe-pruner-verify", "oea"],
+        "verify_override": [
+            "--moe-pruner-config",
+            '{"policy": "xshare", "verify": {"policy": "moe-spec"}}',
+        ],
+        "scope": ["--moe-pruner-scope", "tree"],
+        "depth_decay": ["--moe-pruner", "xshare", "--moe-pruner-depth-decay", "0"],
     }
     code = f"""
         import contextlib, io, json
@@ -100,6 +114,11 @@ def test_parsing_errors_name_the_flag() -> None:
         "config": "--moe-pruner-config: not valid JSON",
         "unknown_key": "'bugdet'",
         "ranking": "--moe-pruner-ranking: PrunerConfig.ranking='static' is invalid",
+        "verify": "argument --moe-pruner-verify: invalid choice: 'xshare-tree'",
+        "verify_phase": "--moe-pruner-verify: verify: an override was given for phase 'verify', which is not pruned",
+        "verify_override": "--moe-pruner-config: verify phase: PrunerConfig.max_experts=None is invalid",
+        "scope": "argument --moe-pruner-scope: invalid choice: 'tree'",
+        "depth_decay": "--moe-pruner-depth-decay: PrunerConfig.depth_decay=0.0 is invalid",
     }
     for name, fragment in expected.items():
         code_, stderr = report[name]

@@ -87,7 +87,10 @@ def _publish(configs, pruner: PrunerConfig, *, names=("qwen3", "qwen3_raw", "dee
     }
     runtime = make_runtime(PluginSettings(pruner=pruner), states, "cpu")
     runtime.num_valid_buffer.fill_(NUM_VALID)
-    runtime.enter(ForwardScope(phase=phase, tokens_per_request=d, num_valid=runtime.num_valid_buffer))
+    scope = ForwardScope(
+        phase=phase, tokens_per_request=d, num_valid=runtime.num_valid_buffer, cfg=runtime.config_for(phase)
+    )
+    runtime.enter(scope)
     set_runtime(runtime)
     return runtime
 

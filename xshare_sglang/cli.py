@@ -3,11 +3,14 @@
 Subcommands
 -----------
 demo    replay the shipped routing traces through every policy and print the tables.
+verify  the same for speculative verify batches (R requests x D draft tokens): batch-level against
+        per-request policies, optionally with depth-decayed votes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -19,10 +22,31 @@ logger = logging.getLogger(__name__)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from .replay import default_configs
+
+    return _replay(args, default_configs)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .replay import verify_configs
+
+    def configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
+        chosen = verify_configs(top_k, num_experts)
+        if args.depth_decay is None:
+            return chosen
+        return [
+            cfg if cfg.policy in ("none", "lynx") else dataclasses.replace(cfg, depth_decay=args.depth_decay)
+            for cfg in chosen
+        ]
+
+    return _replay(args, configs)
+
+
+def _replay(args: argparse.Namespace, config_factory) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .replay import BatchShape, bundled_trace_path, default_configs, load_route_csv, replay_trace
+    from .replay import BatchShape, bundled_trace_path, load_route_csv, replay_trace
 
     shapes = [BatchShape.parse(text) for text in args.shapes.split(",")]
     console = Console(width=max(Console().width, 110))
@@ -33,7 +57,7 @@ def _demo(args: argparse.Namespace) -> int:
         configs = (
             [PrunerConfig.load(item) for item in json.loads(Path(args.configs).read_text())]
             if args.configs
-            else default_configs(trace.top_k, trace.num_experts)
+            else config_factory(trace.top_k, trace.num_experts)
         )
         console.print(
             f"\n[bold]{trace.name}[/bold]: {trace.model}, {trace.num_layers} layers, "
@@ -90,6 +114,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
     demo.add_argument("--json", help="also write every row to this JSON file")
     demo.set_defaults(handler=_demo)
+    verify = sub.add_parser(
+        "verify",
+        help="replay speculative verify batches (R requests x D draft tokens) through the verify policies",
+    )
+    verify.add_argument(
+        "--trace",
+        nargs="+",
+        default=["gptoss", "gemma"],
+        help="bundled trace names (gptoss, gemma) or paths of route_trace v1 CSV files",
+    )
+    verify.add_argument("--shapes", default="4x4,4x8,8x4,8x8", help="batch shapes RxD, comma-separated")
+    verify.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
+    verify.add_argument(
+        "--depth-decay",
+        type=float,
+        default=None,
+        metavar="X",
+        help="weigh the vote of the token at depth d of its request by X**d, in (0, 1] (default: off)",
+    )
+    verify.add_argument("--json", help="also write every row to this JSON file")
+    verify.set_defaults(handler=_verify)
     return parser
 
 

@@ -34,6 +34,9 @@ POLICIES: tuple[str, ...] = (
 SCORES: tuple[str, ...] = ("topk", "probs")
 COVERAGES: tuple[str, ...] = ("substitution", "truncation")
 RANKINGS: tuple[str, ...] = ("router", "static")
+# What one ``moe-spec`` budget covers in a speculative verify batch: the whole batch (one top-B), or
+# each request's draft tree (a top-B per request, the union kept).
+SCOPES: tuple[str, ...] = ("batch", "request")
 # SGLang forward modes the pruner can act on: plain decode, EAGLE target verify, prefill/extend and
 # mixed (chunked-prefill) batches.  Prefill and mixed batches are compute-bound and sensitive to
 # routing changes (LYNX section 3.3), hence off by default.
@@ -222,6 +225,14 @@ class PrunerConfig:
         Forward phases the server prunes, a subset of :data:`PHASES`.
     min_tokens, max_tokens : int or None
         Prune only layer calls whose count of real tokens lies in ``[min_tokens, max_tokens]``.
+    scope : {"batch", "request"}
+        ``moe-spec`` in a verify batch: one top-``max_experts`` for the whole batch, or one per
+        request (each request's D draft tokens), keeping the union.
+    depth_decay : float or None
+        Speculative verify: a draft node at depth d (0 = the root) votes with weight
+        ``depth_decay ** d``, so deep nodes, which are less likely to be accepted, count less;
+        ``0 < depth_decay <= 1``; None (default) weighs every node equally.  Not for ``lynx``,
+        whose votes are bin counts.
     """
 
     policy: str = "none"
@@ -240,6 +251,8 @@ class PrunerConfig:
     phases: tuple[str, ...] = DEFAULT_PHASES
     min_tokens: int | None = None
     max_tokens: int | None = None
+    scope: str = "batch"
+    depth_decay: float | None = None
     _static_ranking: StaticRanking | None = field(default=None, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ validation
@@ -262,6 +275,27 @@ class PrunerConfig:
         _check_int("max_tokens", self.max_tokens, 1, optional=True)
         if self.min_tokens is not None and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _fail("min_tokens", self.min_tokens, f"must not exceed max_tokens={self.max_tokens}")
+        _check_choice("scope", self.scope, SCOPES)
+        if self.depth_decay is not None:
+            decay = _check_real("depth_decay", self.depth_decay)
+            if not 0.0 < decay <= 1.0:
+                raise _fail(
+                    "depth_decay", self.depth_decay, "must lie in (0, 1], or be null to weigh every node equally"
+                )
+            if self.policy == "lynx":
+                raise _fail(
+                    "depth_decay",
+                    self.depth_decay,
+                    "policy 'lynx' ranks experts by counts of logit bins, which cannot be weighted; "
+                    "leave depth_decay unset or choose another policy",
+                )
+            object.__setattr__(self, "depth_decay", decay)
+        if self.scope == "request" and self.ranking == "static":
+            raise _fail(
+                "scope",
+                "request",
+                "ranking='static' has one ranking for every request; scope='request' needs ranking='router'",
+            )
         object.__setattr__(self, "tau", tau)
         object.__setattr__(self, "alpha", alpha)
         object.__setattr__(self, "phases", self._normalized_phases(self.phases))
@@ -356,12 +390,14 @@ class PrunerConfig:
             "xshare-threshold": ("k0", "tau"),
             "xshare-spec": ("k0", "request_budget", "budget"),
             "xshare-ep": ("k0", "rank_budget"),
-            "moe-spec": ("max_experts", "ranking"),
+            "moe-spec": ("max_experts", "ranking", "scope"),
             "lynx": ("alpha", "beta"),
         }
         params = {name: getattr(self, name) for name in used[self.policy]}
         if self.policy not in ("none", "moe-spec") and self.max_experts is not None:
             params["max_experts"] = self.max_experts
+        if self.policy != "none" and self.depth_decay is not None:
+            params["depth_decay"] = self.depth_decay
         return params
 
     def summary(self) -> str:

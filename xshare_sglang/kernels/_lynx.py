@@ -40,7 +40,9 @@ def lynx_count_kernel(
     rows_per_program,
     alpha,
     beta,
+    weights_ptr,
     HAS_NV_PTR: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_BINS: tl.constexpr,
     CHUNK_T: tl.constexpr,
@@ -53,8 +55,19 @@ def lynx_count_kernel(
     counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32)
     first_row = pid * rows_per_program
     for c in range(0, rows_per_program, CHUNK_T):
-        x, row_ok = load_logits(
-            logits_ptr, stride_t, stride_e, first_row, c, rows_per_program, n_valid, e, e_ok, CHUNK_T
+        x, row_ok, _ = load_logits(
+            logits_ptr,
+            stride_t,
+            stride_e,
+            first_row,
+            c,
+            rows_per_program,
+            n_valid,
+            e,
+            e_ok,
+            weights_ptr,
+            HAS_WEIGHTS,
+            CHUNK_T,
         )
         depth = -lynx_bins(x, alpha, beta)  # 0 .. beta
         for j in tl.static_range(BLOCK_BINS):
@@ -130,7 +143,9 @@ def lynx_pick_kernel(
     top_k,
     alpha,
     beta,
+    weights_ptr,
     HAS_NV_PTR: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
     BLOCK_E: tl.constexpr,
     CHUNK_T: tl.constexpr,
 ):
@@ -142,8 +157,19 @@ def lynx_pick_kernel(
     picked_any = tl.zeros([BLOCK_E], tl.int32)
     first_row = pid * rows_per_program
     for c in range(0, rows_per_program, CHUNK_T):
-        x, row_ok = load_logits(
-            logits_ptr, stride_t, stride_e, first_row, c, rows_per_program, n_valid, e, e_ok, CHUNK_T
+        x, row_ok, _ = load_logits(
+            logits_ptr,
+            stride_t,
+            stride_e,
+            first_row,
+            c,
+            rows_per_program,
+            n_valid,
+            e,
+            e_ok,
+            weights_ptr,
+            HAS_WEIGHTS,
+            CHUNK_T,
         )
         bins = lynx_bins(x, alpha, beta)
         open_ = (x > float("-inf")) & row_ok[:, None]

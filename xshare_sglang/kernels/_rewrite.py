@@ -1,15 +1,15 @@
 """Triton kernel of the routing rewrite and the per-layer metrics (jit code only).
 
-One program: rows are walked in chunks; leftover picks of pruned experts and padding rows become
-``-1`` / weight 0 in place; the distinct routed experts still in use are marked in a register
-vector; then one metrics row gets ``+= [activated, kept, retained mass, 1]``.  The reference is
+One program: rows are walked in chunks; leftover picks of pruned experts, padding rows and rows
+whose vote weight is 0 become ``-1`` / weight 0 in place; the distinct routed experts still in use
+are marked in a register vector; then one metrics row gets ``+= [activated, kept, retained mass, 1]``.  The reference is
 ``xshare_sglang.policies.rewrite.rewrite_routing``.
 """
 
 import triton
 import triton.language as tl
 
-from ._select import num_valid_tokens
+from ._select import num_valid_tokens, voting_rows
 
 
 @triton.jit
@@ -24,6 +24,7 @@ def rewrite_routing_kernel(
     n_valid_arg,
     metrics_ptr,
     stats_ptr,
+    token_weights_ptr,
     num_tokens,
     num_slots,
     num_experts,
@@ -32,6 +33,7 @@ def rewrite_routing_kernel(
     HAS_P2L: tl.constexpr,
     HAS_METRICS: tl.constexpr,
     HAS_STATS: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
     BLOCK_IDS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     CHUNK_T: tl.constexpr,
@@ -57,7 +59,10 @@ def rewrite_routing_kernel(
         # keep of each slot's expert: compare against the expert axis (num_ids is small)
         hit = (ids.to(tl.int32)[:, :, None] == p[None, None, :]) & keep_p[None, None, :]
         kept_slot = tl.max(hit.to(tl.int32), axis=2) != 0
-        valid = (rows < n_valid)[:, None]
+        real = rows < n_valid
+        if HAS_WEIGHTS:
+            real = real & voting_rows(token_weights_ptr, rows, rows_ok)
+        valid = real[:, None]
         drop = (routed & (~kept_slot)) | (~valid)
         tl.store(id_ptrs, tl.where(drop, -1, ids), mask=ok)
         w_ptrs = weights_ptr + rows.to(tl.int64)[:, None] * stride_w + slot[None, :]

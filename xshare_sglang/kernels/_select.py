@@ -42,19 +42,52 @@ def num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR: tl.conste
 
 
 @triton.jit
-def load_logits(logits_ptr, stride_t, stride_e, first_row, start, num_rows, n_valid, e, e_ok, CHUNK_T: tl.constexpr):
+def row_weights(weights_ptr, rows, rows_ok):
+    """Vote weights of ``rows`` as float64 in [0, 1] (NaN -> 0; rows outside ``rows_ok`` -> 0)."""
+    w = tl.load(weights_ptr + rows, mask=rows_ok, other=0.0).to(tl.float64)
+    w = tl.where(w != w, 0.0, w)
+    return tl.minimum(tl.maximum(w, 0.0), 1.0)
+
+
+@triton.jit
+def voting_rows(weights_ptr, rows, rows_ok):
+    """Which of ``rows`` vote: weight > 0."""
+    return row_weights(weights_ptr, rows, rows_ok) > 0
+
+
+@triton.jit
+def load_logits(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    first_row,
+    start,
+    num_rows,
+    n_valid,
+    e,
+    e_ok,
+    weights_ptr,
+    HAS_WEIGHTS: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+):
     """Rows ``first_row + start + [0, CHUNK_T)`` of a block of ``num_rows`` rows, as a float32 tile.
 
-    NaN -> -inf, +inf -> max float32; rows outside the block or at/after ``n_valid`` (padding) read
-    as -inf.  Returns the tile [CHUNK_T, BLOCK_E] and which of its rows are real [CHUNK_T].
+    NaN -> -inf, +inf -> max float32; rows outside the block, at/after ``n_valid`` (padding) or, with
+    token weights, of weight 0 (not voting) read as -inf.  Returns the tile [CHUNK_T, BLOCK_E], which
+    of its rows vote [CHUNK_T], and their weights [CHUNK_T] float64 (1 without token weights).
     """
     offs = start + tl.arange(0, CHUNK_T)
     rows = first_row + offs
     row_ok = (offs < num_rows) & (rows < n_valid)
+    if HAS_WEIGHTS:
+        w = row_weights(weights_ptr, rows, row_ok)
+        row_ok = row_ok & (w > 0)
+    else:
+        w = tl.full([CHUNK_T], 1.0, tl.float64)
     ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_t + e[None, :] * stride_e
     x = tl.load(ptrs, mask=row_ok[:, None] & e_ok[None, :], other=float("-inf")).to(tl.float32)
     x = tl.where(x != x, float("-inf"), x)
-    return tl.where(x == float("inf"), FP32_MAX, x), row_ok
+    return tl.where(x == float("inf"), FP32_MAX, x), row_ok, w
 
 
 @triton.jit
@@ -74,9 +107,10 @@ def row_ranks(x, e, n_iter, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def quantized_scores(x, member, SIGMOID: tl.constexpr, NORMALIZE_SIGMOID: tl.constexpr):
-    """floor(score * 2**24) as int64 for a [rows, experts] tile; score computed in float64 over
-    ``member`` (softmax normalizes over it; sigmoid is 1 / (1 + exp(-l)), renormalized on request)."""
+def quantized_scores(x, member, w, SIGMOID: tl.constexpr, NORMALIZE_SIGMOID: tl.constexpr, HAS_WEIGHTS: tl.constexpr):
+    """floor(score * w * 2**24) as int64 for a [rows, experts] tile; score computed in float64 over
+    ``member`` (softmax normalizes over it; sigmoid is 1 / (1 + exp(-l)), renormalized on request),
+    times the row weights ``w`` [rows] when given."""
     wide = x.to(tl.float64)
     if SIGMOID:
         value = tl.where(member, 1.0 / (1.0 + tl.exp(-wide)), 0.0)
@@ -90,14 +124,20 @@ def quantized_scores(x, member, SIGMOID: tl.constexpr, NORMALIZE_SIGMOID: tl.con
         value = tl.where(member, tl.exp(masked - top), 0.0)
         total = tl.sum(value, axis=1)[:, None]
         value = tl.where(total > 0, value / tl.where(total > 0, total, 1.0), 0.0)
+    if HAS_WEIGHTS:
+        value = value * w[:, None]
     return (value * SCORE_ONE).to(tl.int64)
 
 
 @triton.jit
-def greedy_iterative(base, agg, e, e_ok, count, BLOCK_E: tl.constexpr):
-    """G(S, agg, count) on one vector: ``count`` times, add the best outside expert with agg > 0."""
+def greedy_iterative(base, agg, e, e_ok, count, active, ALLOW_ZERO: tl.constexpr, BLOCK_E: tl.constexpr):
+    """G(S, agg, count) on one vector: ``count`` times, add the best outside expert with agg > 0
+    (with ``ALLOW_ZERO``: agg >= 0, the plain top-``count``).  Adds nothing unless ``active``."""
     chosen = base
-    candidate = (base == 0) & e_ok & (agg > 0)
+    if ALLOW_ZERO:
+        candidate = (base == 0) & e_ok & active
+    else:
+        candidate = (base == 0) & e_ok & (agg > 0) & active
     for _ in range(0, count):
         best = tl.max(tl.where(candidate, agg, -1), axis=0)
         first = tl.min(tl.where(candidate & (agg == best), e, BLOCK_E), axis=0)
@@ -124,11 +164,14 @@ def token_pass_kernel(
     k0,
     top_k,
     request_budget,
+    weights_ptr,
     HAS_NV_PTR: tl.constexpr,
     NEED_SCORES: tl.constexpr,
     SCORE_TOPK: tl.constexpr,
     SIGMOID: tl.constexpr,
     PER_REQUEST: tl.constexpr,
+    REQUEST_TOP: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
     BLOCK_E: tl.constexpr,
     CHUNK_T: tl.constexpr,
 ):
@@ -147,10 +190,23 @@ def token_pass_kernel(
         first_row = (pid * requests_per_program + r) * rows_per_request
         agg_r = tl.zeros([BLOCK_E], tl.int64)
         warm_r = tl.zeros([BLOCK_E], tl.int32)
+        votes_r = tl.zeros([], tl.int32)
         for c in range(0, rows_per_request, CHUNK_T):
-            x, row_ok = load_logits(
-                logits_ptr, stride_t, stride_e, first_row, c, rows_per_request, n_valid, e, e_ok, CHUNK_T
+            x, row_ok, w = load_logits(
+                logits_ptr,
+                stride_t,
+                stride_e,
+                first_row,
+                c,
+                rows_per_request,
+                n_valid,
+                e,
+                e_ok,
+                weights_ptr,
+                HAS_WEIGHTS,
+                CHUNK_T,
             )
+            votes_r += tl.sum(row_ok.to(tl.int32), axis=0)
             rank = row_ranks(x, e, n_iter, BLOCK_E)
             warm_rows = (rank < k0) & row_ok[:, None]
             warm_r = tl.maximum(warm_r, tl.max(warm_rows.to(tl.int32), axis=0))
@@ -159,12 +215,13 @@ def token_pass_kernel(
                     member = rank < top_k
                 else:
                     member = x > float("-inf")
-                q = quantized_scores(x, member, SIGMOID, SCORE_TOPK)
+                q = quantized_scores(x, member, w, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
                 agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
         agg_acc += agg_r
         warm_acc = tl.maximum(warm_acc, warm_r)
         if PER_REQUEST:
-            base_acc = tl.maximum(base_acc, greedy_iterative(warm_r, agg_r, e, e_ok, request_budget, BLOCK_E))
+            chosen = greedy_iterative(warm_r, agg_r, e, e_ok, request_budget, votes_r > 0, REQUEST_TOP, BLOCK_E)
+            base_acc = tl.maximum(base_acc, chosen)
     out = pid * num_experts + e
     tl.store(agg_part_ptr + out, agg_acc, mask=e_ok)
     tl.store(warm_part_ptr + out, warm_acc.to(tl.int8), mask=e_ok)

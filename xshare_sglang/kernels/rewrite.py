@@ -22,6 +22,7 @@ def rewrite_routing(
     physical_to_logical: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
     stats: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> None:
     """See :func:`xshare_sglang.policies.rewrite.rewrite_routing`."""
     num_tokens, num_slots = topk_ids.shape
@@ -36,6 +37,7 @@ def rewrite_routing(
             physical_to_logical=physical_to_logical,
             metrics_row=metrics_row,
             stats=stats,
+            token_weights=token_weights,
         )
         return
 
@@ -55,6 +57,7 @@ def rewrite_routing(
         num_tokens if (num_valid_tokens is None or nv_tensor) else int(num_valid_tokens),
         metrics_row if metrics_row is not None else topk_weights,
         stats if stats is not None else topk_ids,
+        token_weights if token_weights is not None else topk_weights,
         num_tokens,
         num_slots,
         keep.numel(),
@@ -63,6 +66,7 @@ def rewrite_routing(
         HAS_P2L=physical_to_logical is not None,
         HAS_METRICS=metrics_row is not None,
         HAS_STATS=stats is not None,
+        HAS_WEIGHTS=token_weights is not None,
         BLOCK_IDS=block_ids,
         BLOCK_K=block_k,
         CHUNK_T=max(1, min(16, 8192 // (block_k * block_ids))),

@@ -65,11 +65,16 @@ def unsupported_reason(logits: torch.Tensor, cfg: PrunerConfig, *, top_k: int, t
         return f"top_k={top_k} (the kernels support up to {MAX_TOP_K})"
     if num_tokens > MAX_TOKENS:
         return f"T={num_tokens} tokens (the kernels support up to {MAX_TOKENS})"
-    if cfg.policy == "xshare-spec" and tokens_per_request > MAX_TOKENS_PER_REQUEST:
+    if _per_request(cfg) and tokens_per_request > MAX_TOKENS_PER_REQUEST:
         return f"tokens_per_request={tokens_per_request} (the kernels support up to {MAX_TOKENS_PER_REQUEST})"
     if cfg.policy == "lynx" and cfg.beta > MAX_LYNX_BETA:
         return f"lynx beta={cfg.beta} (the kernels support up to {MAX_LYNX_BETA})"
     return None
+
+
+def _per_request(cfg: PrunerConfig) -> bool:
+    """Whether the token pass builds per-request sets (xshare-spec, moe-spec with scope=request)."""
+    return cfg.policy == "xshare-spec" or (cfg.policy == "moe-spec" and cfg.scope == "request")
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,7 @@ def select_keep_mask(
     workspace: SelectionWorkspace | None = None,
     layer_id: int | None = None,
     stats_out: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Keep mask of one MoE layer call, computed on the device by Triton kernels.
 
@@ -187,7 +193,7 @@ def select_keep_mask(
     ----------
     logits : Tensor, shape [T, E], float32 / bfloat16 / float16
     cfg : PrunerConfig
-    top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id
+    top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, token_weights
         As in :func:`xshare_sglang.select_experts_mask`.
     out : Tensor, shape [E], bool, optional
         Written in place and returned; pass one inside CUDA graphs.
@@ -202,7 +208,13 @@ def select_keep_mask(
     Tensor, shape [E], bool
     """
     validate_selection_args(
-        logits, cfg, top_k=top_k, tokens_per_request=tokens_per_request, expert_to_rank=expert_to_rank, scoring=scoring
+        logits,
+        cfg,
+        top_k=top_k,
+        tokens_per_request=tokens_per_request,
+        expert_to_rank=expert_to_rank,
+        scoring=scoring,
+        token_weights=token_weights,
     )
     num_tokens, num_experts = logits.shape
     if out is not None and (out.shape != (num_experts,) or out.dtype != torch.bool or out.device != logits.device):
@@ -228,6 +240,7 @@ def select_keep_mask(
             expert_to_rank=expert_to_rank,
             scoring=scoring,
             layer_id=layer_id,
+            token_weights=token_weights,
         )
 
     from . import _select  # imports triton
@@ -248,7 +261,10 @@ def select_keep_mask(
     static = cfg.policy == "moe-spec" and cfg.ranking == "static"
     # aggregates are needed by every rule except oea, static moe-spec and lynx; by the cap; by stats
     need_agg = (cfg.policy not in ("oea", "lynx") and not static) or has_cap or stats_out is not None
-    per_request = cfg.policy == "xshare-spec"
+    per_request = _per_request(cfg)
+    request_top = cfg.policy == "moe-spec"  # scope=request: each request's plain top-B
+    has_weights = token_weights is not None
+    weights = token_weights.contiguous() if has_weights else logits
     plan = plan_launch(num_tokens, num_experts, tokens_per_request, per_request)
 
     if need_agg or cfg.policy not in ("lynx", "moe-spec"):
@@ -268,20 +284,25 @@ def select_keep_mask(
             plan.requests_per_program,
             cfg.k0 if cfg.policy not in ("moe-spec", "lynx") else 0,
             top_k,
-            min(cfg.request_budget, num_experts),
+            min(cfg.max_experts if request_top else cfg.request_budget, num_experts),
+            weights,
             HAS_NV_PTR=nv_tensor,
             NEED_SCORES=need_agg,
             SCORE_TOPK=score == "topk",
             SIGMOID=scoring == "sigmoid",
             PER_REQUEST=per_request,
+            REQUEST_TOP=request_top,
+            HAS_WEIGHTS=has_weights,
             BLOCK_E=plan.block_experts,
             CHUNK_T=plan.chunk_rows,
             num_warps=4,
         )
     if cfg.policy == "lynx":
-        _launch_lynx(logits, cfg, top_k, nv_ptr, nv_arg, nv_tensor, ws, plan)
+        _launch_lynx(logits, cfg, top_k, nv_ptr, nv_arg, nv_tensor, ws, plan, weights, has_weights)
 
-    if cfg.policy == "moe-spec":
+    if request_top and per_request:
+        mode, count = "MODE_GIVEN", 0
+    elif cfg.policy == "moe-spec":
         mode, count = ("MODE_TOP_VALUES" if static else "MODE_TOP_AGG"), cfg.max_experts
     else:
         mode, count = _MODES[cfg.policy], cfg.budget
@@ -316,7 +337,7 @@ def select_keep_mask(
         HAS_RANGE=cfg.min_tokens is not None or cfg.max_tokens is not None,
         HAS_STATS=stats_out is not None,
         NEED_AGG=need_agg,
-        NEED_BASE=cfg.policy in ("xshare-spec", "lynx"),
+        NEED_BASE=per_request or cfg.policy == "lynx",
         BLOCK_E=block_e,
         CHUNK=max(1, min(32, 4096 // block_e)),
         SEARCH_STEPS=block_e.bit_length() + 1,
@@ -325,7 +346,7 @@ def select_keep_mask(
     return out
 
 
-def _launch_lynx(logits, cfg, top_k, nv_ptr, nv_arg, nv_tensor, ws, plan) -> None:
+def _launch_lynx(logits, cfg, top_k, nv_ptr, nv_arg, nv_tensor, ws, plan, weights, has_weights) -> None:
     """The LYNX launches that precede the finalize kernel: bin counts, exact s ranks, picks."""
     from . import _lynx
 
@@ -342,7 +363,9 @@ def _launch_lynx(logits, cfg, top_k, nv_ptr, nv_arg, nv_tensor, ws, plan) -> Non
         rows_per_program=plan.rows_per_request,
         alpha=float(cfg.alpha),
         beta=cfg.beta,
+        weights_ptr=weights,
         HAS_NV_PTR=nv_tensor,
+        HAS_WEIGHTS=has_weights,
         BLOCK_E=plan.block_experts,
         CHUNK_T=plan.chunk_rows,
         num_warps=4,

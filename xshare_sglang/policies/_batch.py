@@ -21,7 +21,12 @@ class LayerBatch:
     logits : Tensor, shape [T, E], float32
         Sanitized router logits (:func:`~xshare_sglang.policies.scores.sanitize_logits`).
     valid : Tensor, shape [T], bool
-        Real tokens; padded rows are False and never vote.
+        Voting tokens: real rows (padding never votes) whose token weight is > 0.
+    real : Tensor, shape [T], bool
+        Real rows (not CUDA-graph padding), voting or not; their count is the batch size n that
+        ``min_tokens`` / ``max_tokens``, ``moe-spec``'s empty-batch rule and LYNX's base read.
+    token_weights : Tensor, shape [T], float64, or None
+        Vote weight of each row (speculative verify: depth decay); None weighs every row 1.
     cfg : PrunerConfig
     top_k : int
         The model's routed experts per token.
@@ -34,6 +39,8 @@ class LayerBatch:
 
     logits: torch.Tensor
     valid: torch.Tensor
+    real: torch.Tensor
+    token_weights: torch.Tensor | None
     cfg: PrunerConfig
     top_k: int
     tokens_per_request: int
@@ -51,14 +58,21 @@ class LayerBatch:
 
     @cached_property
     def num_valid(self) -> torch.Tensor:
-        """Count of real tokens, a 0-d int64 device tensor."""
-        return self.valid.sum()
+        """Count of real tokens (voting or not), a 0-d int64 device tensor."""
+        return self.real.sum()
 
     @cached_property
     def quantized_scores(self) -> torch.Tensor:
-        """Fixed-point per-token scores of the configured kind, shape [T, E], int64."""
+        """Fixed-point per-token scores of the configured kind, times the token weights, [T, E] int64."""
         scores = token_scores(self.logits, score=self.cfg.effective_score, scoring=self.scoring, top_k=self.top_k)
+        if self.token_weights is not None:
+            scores = scores * self.token_weights[:, None]
         return quantize_scores(scores)
+
+    @cached_property
+    def valid_scores(self) -> torch.Tensor:
+        """:attr:`quantized_scores` with the rows that do not vote zeroed, [T, E] int64."""
+        return torch.where(self.valid[:, None], self.quantized_scores, 0)
 
     @cached_property
     def batch_aggregate(self) -> torch.Tensor:

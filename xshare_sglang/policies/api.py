@@ -15,7 +15,14 @@ from ..config import POLICIES, PrunerConfig
 from ._batch import LayerBatch, Selection
 from .lynx import select_lynx
 from .moe_spec import select_moe_spec
-from .scores import SCORINGS, descending_order, positions_in_order, sanitize_logits, valid_token_mask
+from .scores import (
+    SCORINGS,
+    descending_order,
+    positions_in_order,
+    sanitize_logits,
+    sanitize_token_weights,
+    valid_token_mask,
+)
 from .xshare import (
     select_oea,
     select_xshare,
@@ -62,6 +69,7 @@ def validate_selection_args(
     tokens_per_request: int,
     expert_to_rank: torch.Tensor | None,
     scoring: str,
+    token_weights: torch.Tensor | None = None,
 ) -> None:
     """The argument checks of :func:`select_experts_mask` (shared with the kernels' wrapper).
 
@@ -76,6 +84,16 @@ def validate_selection_args(
     cfg.validate_for_model(top_k=top_k, num_experts=num_experts if cfg.ranking == "static" else None)
     if isinstance(tokens_per_request, bool) or not isinstance(tokens_per_request, int) or tokens_per_request < 1:
         raise ValueError(f"tokens_per_request={tokens_per_request!r} is invalid: must be an integer >= 1")
+    if token_weights is not None:
+        if not isinstance(token_weights, torch.Tensor) or token_weights.shape != (logits.shape[0],):
+            shape = (
+                tuple(token_weights.shape) if isinstance(token_weights, torch.Tensor) else type(token_weights).__name__
+            )
+            raise ValueError(f"token_weights must be a tensor of shape ({logits.shape[0]},), got {shape}")
+        if not token_weights.is_floating_point():
+            raise ValueError(f"token_weights must be floating point, got {token_weights.dtype}")
+        if token_weights.device != logits.device:
+            raise ValueError(f"token_weights is on {token_weights.device}, the logits on {logits.device}")
     if cfg.policy == "xshare-ep":
         if expert_to_rank is None:
             raise ValueError("policy 'xshare-ep' needs expert_to_rank: the rank holding each expert")
@@ -110,6 +128,7 @@ def select_experts_mask(
     expert_to_rank: torch.Tensor | None = None,
     scoring: str = "softmax",
     layer_id: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The experts one MoE layer call keeps.
 
@@ -131,6 +150,12 @@ def select_experts_mask(
     layer_id : int, optional
         Layer index, needed by ``moe-spec`` with ``ranking="static"`` when the file has several
         layers (an addition to DESIGN section 4's signature; other policies ignore it).
+    token_weights : Tensor, shape [T], float, optional
+        Vote weight of each row, in [0, 1] (values above 1 count as 1; NaN and values <= 0 as 0).
+        A real row with weight 0 does not vote: no warm-up, no score, no LYNX pick.  Other rows'
+        scores are multiplied by their weight before they are summed (speculative verify: depth
+        decay).  The batch size n (token range, empty batch, LYNX base) still counts every real
+        row.  An addition to DESIGN section 4's signature.
 
     Returns
     -------
@@ -145,7 +170,16 @@ def select_experts_mask(
         static ranking that does not match E.
     """
     keep, _ = _select(
-        logits, cfg, top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, False
+        logits,
+        cfg,
+        top_k,
+        tokens_per_request,
+        num_valid_tokens,
+        expert_to_rank,
+        scoring,
+        layer_id,
+        token_weights,
+        False,
     )
     return keep
 
@@ -160,6 +194,7 @@ def select_with_aggregate(
     expert_to_rank: torch.Tensor | None = None,
     scoring: str = "softmax",
     layer_id: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`select_experts_mask` plus the batch aggregate it ranked by.
 
@@ -171,7 +206,7 @@ def select_with_aggregate(
         ``aggregate[keep].sum() / aggregate.sum()`` is the share of the batch's score mass kept.
     """
     keep, aggregate = _select(
-        logits, cfg, top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, True
+        logits, cfg, top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, token_weights, True
     )
     return keep, aggregate
 
@@ -185,6 +220,7 @@ def _select(
     expert_to_rank: torch.Tensor | None,
     scoring: str,
     layer_id: int | None,
+    token_weights: torch.Tensor | None,
     want_aggregate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     validate_selection_args(
@@ -194,14 +230,19 @@ def _select(
         tokens_per_request=tokens_per_request,
         expert_to_rank=expert_to_rank,
         scoring=scoring,
+        token_weights=token_weights,
     )
     num_tokens, num_experts = logits.shape
     if cfg.policy == "none":
         every = torch.ones(num_experts, dtype=torch.bool, device=logits.device)
         return every, torch.zeros(num_experts, dtype=torch.int64, device=logits.device)
+    real = valid_token_mask(num_tokens, num_valid_tokens, logits.device)
+    weights = None if token_weights is None else sanitize_token_weights(token_weights)
     batch = LayerBatch(
         logits=sanitize_logits(logits),
-        valid=valid_token_mask(num_tokens, num_valid_tokens, logits.device),
+        valid=real if weights is None else real & (weights > 0),
+        real=real,
+        token_weights=weights,
         cfg=cfg,
         top_k=top_k,
         tokens_per_request=tokens_per_request,

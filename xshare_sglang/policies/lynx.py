@@ -1,6 +1,6 @@
 """``lynx``: logit binning, batch-wide scoring and remapping (LYNX section 3 and App. A).
 
-For each valid token t and expert e (n = number of valid tokens)::
+For each voting token t and expert e (n = number of real tokens, voting or not)::
 
     b[t, e] = max(-beta, ceil(alpha * (l[t, e] - max_e l[t, e])))      in {-beta, ..., 0}
     s[e]    = sum_t n ** b[t, e]
@@ -43,14 +43,19 @@ def lynx_bins(logits: torch.Tensor, alpha: float, beta: int) -> torch.Tensor:
     return bins.clamp(min=-beta).to(torch.int64)
 
 
-def batch_score_rank(bins: torch.Tensor, valid: torch.Tensor, beta: int) -> torch.Tensor:
+def batch_score_rank(
+    bins: torch.Tensor, valid: torch.Tensor, beta: int, num_real: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rank experts by ``s[e] = sum over valid t of n ** bins[t, e]``, exactly.
 
     Parameters
     ----------
     bins : Tensor, shape [T, E], int64 in ``[-beta, 0]``
     valid : Tensor, shape [T], bool
+        Tokens that vote.
     beta : int
+    num_real : 0-d Tensor, optional
+        The base n: the batch's real tokens (voting or not); default: the voting tokens.
 
     Returns
     -------
@@ -65,7 +70,7 @@ def batch_score_rank(bins: torch.Tensor, valid: torch.Tensor, beta: int) -> torc
     counts.scatter_add_(0, slot.reshape(-1), valid[:, None].expand_as(bins).reshape(-1).to(torch.int64))
     counts = counts.view(num_experts, width)
     # s * n**beta = sum_j counts[:, j] * n**(beta - j): carry it into base-n digits, lowest first.
-    base = valid.sum().clamp(min=1)
+    base = (valid.sum() if num_real is None else num_real).clamp(min=1)
     digits = []
     carry = torch.zeros(num_experts, dtype=torch.int64, device=device)
     for j in range(beta, -1, -1):
@@ -90,7 +95,7 @@ def select_lynx(batch: LayerBatch) -> Selection:
     logits = batch.logits
     num_experts = batch.num_experts
     bins = lynx_bins(logits, cfg.alpha, cfg.beta)
-    s_rank = batch_score_rank(bins, batch.valid, cfg.beta)
+    s_rank = batch_score_rank(bins, batch.valid, cfg.beta, batch.num_valid)
     logit_place = positions_in_order(descending_order(logits))
     key = ((bins + cfg.beta) * num_experts + s_rank[None, :]) * num_experts + (num_experts - 1 - logit_place)
     key = torch.where(logits > float("-inf"), key, -1)

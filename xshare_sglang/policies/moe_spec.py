@@ -3,6 +3,10 @@
 Source: MoE-Spec section 3.2 (router-based ranking, eq. 5; static ranking, eq. 4) and App. B.
 B is ``max_experts``.  The mask always has ``min(B, E)`` experts when the batch has a real token
 (experts with zero aggregate fill the budget in index order), and is empty when it has none.
+
+``scope="request"`` (for speculative verify batches; MoE-Spec budgets a single draft tree): every
+request (D consecutive rows) with a voting token gets its own top-B by its own aggregate, and the
+union is kept.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import torch
 
 from ..config import PrunerConfig
 from ._batch import LayerBatch, Selection
-from .scores import descending_order, positions_in_order
+from .scores import descending_order, per_request_sums, positions_in_order
 
 
 def _top(values: torch.Tensor, count: int) -> torch.Tensor:
@@ -41,6 +45,11 @@ def select_moe_spec(batch: LayerBatch) -> Selection:
     cfg = batch.cfg
     if cfg.ranking == "static":
         values = static_values(cfg, batch.layer_id, batch.logits.device)
+    elif cfg.scope == "request":
+        agg_per_request = per_request_sums(batch.valid_scores, batch.tokens_per_request)
+        votes = per_request_sums(batch.valid.to(torch.int64)[:, None], batch.tokens_per_request)[:, 0] > 0
+        keep = (_top(agg_per_request, cfg.max_experts) & votes[:, None]).any(dim=0)
+        return Selection(keep, torch.zeros_like(keep))
     else:
         values = batch.batch_aggregate
     keep = _top(values, cfg.max_experts) & (batch.num_valid > 0)

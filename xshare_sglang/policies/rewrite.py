@@ -3,7 +3,8 @@
 Masking logits and bias makes SGLang's router choose kept experts first, but a token with fewer
 than k kept candidates (or grouped routing that reaches a group without kept experts) still fills
 its slots with pruned experts at weight ~0.  Those picks, and every slot of a CUDA-graph padding row,
-become ``-1`` with weight 0: the fused MoE kernel then never reads those experts' weights.
+become ``-1`` with weight 0: the fused MoE kernel then never reads those experts' weights.  So do the rows
+of draft nodes that can never be accepted (vote weight 0).
 
 This is the reference (and CPU path) of ``xshare_sglang.kernels.rewrite_routing``.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .scores import valid_token_mask
+from .scores import sanitize_token_weights, valid_token_mask
 
 #: Columns of a metrics row: sums over layer calls, and the number of calls.
 METRIC_COLUMNS = ("activated_experts", "kept_experts", "retained_score_mass", "calls")
@@ -27,6 +28,7 @@ def rewrite_routing(
     physical_to_logical: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
     stats: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> None:
     """Rewrite routing in place and optionally accumulate one layer call's metrics.
 
@@ -49,13 +51,19 @@ def rewrite_routing(
     stats : Tensor, shape [2], int64, optional
         ``(kept aggregate, total aggregate)`` from the selection; retained mass is their ratio
         (1 when the total is 0).
+    token_weights : Tensor, shape [T], float, optional
+        The selection's vote weights: a row whose weight is NaN or <= 0 (a draft node that can
+        never be accepted) is dropped like a padding row.
     """
     keep_ids = keep if physical_to_logical is None else keep[physical_to_logical.long()]
     num_ids = keep_ids.numel()
     ids = topk_ids.long()
     routed = (ids >= 0) & (ids < num_ids)
     kept_slot = keep_ids[ids.clamp(0, num_ids - 1)]
-    valid = valid_token_mask(topk_ids.shape[0], num_valid_tokens, topk_ids.device)[:, None]
+    valid = valid_token_mask(topk_ids.shape[0], num_valid_tokens, topk_ids.device)
+    if token_weights is not None:
+        valid = valid & (sanitize_token_weights(token_weights) > 0)
+    valid = valid[:, None]
     drop = (routed & ~kept_slot) | ~valid
     topk_ids.masked_fill_(drop, -1)
     topk_weights.masked_fill_(drop, 0)

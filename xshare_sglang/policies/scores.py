@@ -60,6 +60,20 @@ def valid_token_mask(
     return rows < int(num_valid_tokens)
 
 
+def sanitize_token_weights(token_weights: torch.Tensor) -> torch.Tensor:
+    """Float64 vote weights clamped to [0, 1]; NaN becomes 0 (the row does not vote).
+
+    Parameters
+    ----------
+    token_weights : Tensor, shape [T], float
+
+    Returns
+    -------
+    Tensor, shape [T], float64 (a new tensor)
+    """
+    return torch.nan_to_num(token_weights.to(torch.float64), nan=0.0).clamp(0.0, 1.0)
+
+
 def descending_order(values: torch.Tensor) -> torch.Tensor:
     """Indices that sort the last dimension high-to-low, ties to the lower index.
 
@@ -173,3 +187,22 @@ def aggregate(quantized: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     Tensor, shape [E], int64
     """
     return torch.where(valid[:, None], quantized, 0).sum(dim=0)
+
+
+def per_request_sums(rows: torch.Tensor, tokens_per_request: int) -> torch.Tensor:
+    """Sum rows over each request's block of ``tokens_per_request`` consecutive rows.
+
+    Parameters
+    ----------
+    rows : Tensor, shape [T, C], integer
+    tokens_per_request : int
+        D; a last, shorter block is a request of its own.
+
+    Returns
+    -------
+    Tensor, shape [ceil(T / D), C], int64
+    """
+    num_tokens, width = rows.shape
+    num_requests = -(-num_tokens // tokens_per_request)
+    padded = torch.nn.functional.pad(rows.to(torch.int64), (0, 0, 0, num_requests * tokens_per_request - num_tokens))
+    return padded.view(num_requests, tokens_per_request, width).sum(dim=1)

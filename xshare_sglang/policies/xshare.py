@@ -10,7 +10,7 @@ import torch
 
 from ._batch import LayerBatch, Selection
 from .greedy import greedy_add, rank_rounds_add, threshold_add, warm_up
-from .scores import top_by_logit
+from .scores import per_request_sums, top_by_logit
 
 
 def select_oea(batch: LayerBatch) -> Selection:
@@ -34,19 +34,14 @@ def select_xshare_threshold(batch: LayerBatch) -> Selection:
 def select_xshare_spec(batch: LayerBatch) -> Selection:
     """``xshare-spec``: per-request greedy, then batch greedy on the union (XShare Alg. 3-4).
 
-    Request r is the block of rows ``[r*D, (r+1)*D)``; only valid rows count, so a last, shorter
-    block of valid tokens is a request of its own and blocks of padding contribute nothing.
+    Request r is the block of rows ``[r*D, (r+1)*D)``; only voting rows count, so a last, shorter
+    block of real tokens is a request of its own and blocks of padding contribute nothing.
     """
     cfg = batch.cfg
     d = batch.tokens_per_request
-    num_requests = -(-batch.num_tokens // d)
-    padded_rows = num_requests * d - batch.num_tokens
-
     warm_rows = top_by_logit(batch.logits, cfg.k0) & batch.valid[:, None]
-    score_rows = torch.where(batch.valid[:, None], batch.quantized_scores, 0)
-    shape = (num_requests, d, batch.num_experts)
-    warm_per_request = torch.nn.functional.pad(warm_rows, (0, 0, 0, padded_rows)).view(shape).any(1)
-    agg_per_request = torch.nn.functional.pad(score_rows, (0, 0, 0, padded_rows)).view(shape).sum(1)
+    warm_per_request = per_request_sums(warm_rows.to(torch.int64), d) > 0
+    agg_per_request = per_request_sums(batch.valid_scores, d)
 
     per_request = greedy_add(warm_per_request, agg_per_request, cfg.request_budget)
     union = per_request.any(dim=0)

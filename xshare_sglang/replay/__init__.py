@@ -1,10 +1,11 @@
 """Offline replay of routing traces through the policies (the demo and, later, the replay tool)."""
 
 from .batches import BatchShape, segment_batches
-from .demo import ReplayRow, default_configs, replay_trace
+from .demo import VERIFY_SHAPES, ReplayRow, default_configs, replay_trace, verify_configs
 from .route_csv import RouteTrace, bundled_trace_path, load_route_csv
 
 __all__ = [
+    "VERIFY_SHAPES",
     "BatchShape",
     "ReplayRow",
     "RouteTrace",
@@ -13,4 +14,5 @@ __all__ = [
     "load_route_csv",
     "replay_trace",
     "segment_batches",
+    "verify_configs",
 ]

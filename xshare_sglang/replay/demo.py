@@ -21,6 +21,7 @@ from .route_csv import RouteTrace
 logger = logging.getLogger(__name__)
 
 DEFAULT_SHAPES = ("8x1", "32x1", "4x4", "8x4")
+VERIFY_SHAPES = ("4x4", "4x8", "8x4", "8x8")
 EP_RANKS = 8
 
 
@@ -37,6 +38,30 @@ def default_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
         PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 4 * top_k)),
         PrunerConfig(policy="lynx", alpha=2.0, beta=4),
     ]
+
+
+def verify_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
+    """Speculative-verify comparison: batch-level and per-request policies at similar sizes."""
+    return [
+        PrunerConfig(policy="none"),
+        PrunerConfig(policy="xshare", k0=1, budget=top_k),
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=1, budget=0),
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=top_k, budget=0),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 4 * top_k)),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, top_k), scope="request"),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k), scope="request"),
+    ]
+
+
+def chain_vote_weights(shape: BatchShape, depth_decay: float | None) -> torch.Tensor | None:
+    """Vote weights of a replayed verify batch: D consecutive tokens stand in for a chain of drafts,
+    so token j of a request sits at depth j.  None when no decay is set."""
+    if depth_decay is None or shape.tokens_per_request == 1:
+        return None
+    from ..spec import VerifyLayout, vote_weights
+
+    layout = VerifyLayout(shape.requests, shape.tokens_per_request)
+    return vote_weights(layout.node_ids(), depth_decay)
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,7 @@ def replay_trace(trace: RouteTrace, shape: BatchShape, configs: list[PrunerConfi
     layer_logits = [trace.logits(layer) for layer in range(trace.num_layers)]
     rows = []
     for cfg in configs:
+        token_weights = chain_vote_weights(shape, cfg.depth_decay)
         totals = torch.zeros(4, dtype=torch.float64)
         calls = 0
         for layer in range(trace.num_layers):
@@ -86,6 +112,7 @@ def replay_trace(trace: RouteTrace, shape: BatchShape, configs: list[PrunerConfi
                     tokens_per_request=shape.tokens_per_request,
                     expert_to_rank=expert_to_rank,
                     layer_id=layer,
+                    token_weights=token_weights,
                 )
                 totals += torch.tensor([m.activated, m.kept, m.retained_mass, m.top1_kept], dtype=torch.float64)
                 calls += 1

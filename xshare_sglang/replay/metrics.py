@@ -35,6 +35,7 @@ def evaluate_call(
     expert_to_rank: torch.Tensor | None = None,
     layer_id: int | None = None,
     scoring: str = "softmax",
+    token_weights: torch.Tensor | None = None,
 ) -> CallMetrics:
     """Run one policy on one layer call, exactly as the server would, and measure it.
 
@@ -45,8 +46,9 @@ def evaluate_call(
         The unpruned top-k experts of each token (``-1`` = none).
     natural_weights : Tensor, shape [T, k]
         Their router weights.
-    cfg, top_k, tokens_per_request, expert_to_rank, layer_id, scoring
-        As in :func:`~xshare_sglang.select_experts_mask`.
+    cfg, top_k, tokens_per_request, expert_to_rank, layer_id, scoring, token_weights
+        As in :func:`~xshare_sglang.select_experts_mask`.  Rows with weight 0 (never accepted) are
+        routed nowhere, as the server drops them, and leave the retained-mass and top-1 figures.
     """
     keep = select_experts_mask(
         logits,
@@ -56,8 +58,12 @@ def evaluate_call(
         expert_to_rank=expert_to_rank,
         scoring=scoring,
         layer_id=layer_id,
+        token_weights=token_weights,
     )
     ids, _ = route_within(logits, keep, top_k=top_k, coverage=cfg.coverage, scoring=scoring)
+    if token_weights is not None:
+        voting = token_weights > 0
+        ids, natural_ids, natural_weights = ids[voting], natural_ids[voting], natural_weights[voting]
     used = torch.zeros_like(keep)
     used[ids[ids >= 0].long()] = True
     listed = natural_ids >= 0

@@ -58,7 +58,7 @@ def register() -> None:
     if missing:
         logger.error("moe-pruner: could not hook %s; refusing to run unpruned", ", ".join(missing))
         raise SystemExit(2)
-    logger.info("moe-pruner: routing hooks in place (%s)", settings.pruner.summary())
+    logger.info("moe-pruner: routing hooks in place (%s)", settings.summary())
 
 
 __all__ = ["ENV_VAR", "PluginSettings", "register", "settings_from_env"]

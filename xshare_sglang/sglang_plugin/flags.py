@@ -1,5 +1,5 @@
-"""The ``--moe-pruner*`` command-line flags: one per ``PrunerConfig`` field, plus the config file and
-the log interval.
+"""The ``--moe-pruner*`` command-line flags: one per ``PrunerConfig`` field, plus the config file,
+the log interval and the policy of speculative verify forwards.
 
 Every flag defaults to ``None`` on the parser, so that only the flags a user actually typed override
 ``--moe-pruner-config`` and the environment; the help text shows the effective defaults.
@@ -12,12 +12,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..config import COVERAGES, PHASES, POLICIES, RANKINGS, SCORES, PrunerConfig
+from ..config import COVERAGES, PHASES, POLICIES, RANKINGS, SCOPES, SCORES, PrunerConfig
 from .settings import DEFAULT_LOG_INTERVAL, ENV_VAR, PluginSettings
 
 FLAG_PREFIX = "--moe-pruner"
 CONFIG_FLAG = "--moe-pruner-config"
 LOG_INTERVAL_FLAG = "--moe-pruner-log-interval"
+VERIFY_FLAG = "--moe-pruner-verify"
 
 
 def _non_negative_int(text: str) -> int:
@@ -98,6 +99,18 @@ FIELD_FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("min_tokens", _non_negative_int, "prune only layer calls with at least this many real tokens"),
     FlagSpec("max_tokens", _positive_int, "prune only layer calls with at most this many real tokens"),
+    FlagSpec(
+        "scope",
+        None,
+        "moe-spec in speculative verify: one expert budget for the whole batch, or one per request's draft tree",
+        SCOPES,
+    ),
+    FlagSpec(
+        "depth_decay",
+        _real,
+        "speculative verify: a draft node at depth d votes with weight X**d, in (0, 1]; nodes that can "
+        "never be accepted do not vote",
+    ),
 )
 
 
@@ -137,6 +150,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             help=f"{spec.help} (default: {_default_text(spec.field)})",
         )
     group.add_argument(
+        VERIFY_FLAG,
+        choices=POLICIES,
+        default=None,
+        help="policy of speculative verify forwards (EAGLE target verify), e.g. xshare-spec; the other "
+        "settings are shared with decode unless the JSON config overrides them under 'verify' "
+        "(default: the same policy as decode)",
+    )
+    group.add_argument(
         CONFIG_FLAG,
         default=None,
         metavar="JSON_OR_PATH",
@@ -175,7 +196,9 @@ def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) ->
     policy = getattr(args, "moe_pruner", None)
     config_text = getattr(args, "moe_pruner_config", None)
     log_interval = getattr(args, "moe_pruner_log_interval", None)
-    if base is None and policy is None and config_text is None and not explicit and log_interval is None:
+    verify_policy = getattr(args, "moe_pruner_verify", None)
+    nothing = policy is None and config_text is None and not explicit and log_interval is None
+    if base is None and nothing and verify_policy is None:
         return None
     merged: dict[str, Any] = base.to_dict() if base is not None else {}
     if config_text is not None:
@@ -188,10 +211,16 @@ def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) ->
         merged["policy"] = policy
     if log_interval is not None:
         merged["log_interval"] = log_interval
+    if verify_policy is not None:
+        merged["verify"] = {**merged.get("verify", {}), "policy": verify_policy}
     try:
         return PluginSettings.from_dict(merged)
     except ValueError as exc:
         message = str(exc)
+        if verify_policy is not None and message.startswith(("verify phase: ", "verify: ")):
+            raise ValueError(f"{VERIFY_FLAG}: {message}") from None
+        if message.startswith(tuple(f"{phase}{sep}" for phase in PHASES for sep in (" phase: ", ": "))):
+            raise ValueError(f"{CONFIG_FLAG}: {message}") from None
         for field in ("policy", *PrunerConfig.field_names(), "log_interval"):
             if f"PrunerConfig.{field}=" in message or message.startswith(f"{field}="):
                 raise ValueError(f"{flag_for_field(field)}: {message}") from None

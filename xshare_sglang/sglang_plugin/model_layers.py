@@ -145,12 +145,21 @@ def build_runtime(
 ) -> PrunerRuntime:
     """Check ``settings`` against ``model`` and allocate every buffer the routing hooks use."""
     device = torch.device(device)
-    cfg = settings.pruner
+    configs = {cfg for cfg in settings.phase_configs().values() if cfg.policy != "none"}
     layers = find_moe_layers(model)
-    check_model(cfg, layers, ep_size=ep_size)
+    for phase, cfg in settings.phase_configs().items():
+        if cfg.policy == "none":
+            continue
+        try:
+            check_model(cfg, layers, ep_size=ep_size)
+        except PrunerSetupError as exc:
+            if cfg is settings.pruner:
+                raise
+            raise PrunerSetupError(f"{exc} [config of the {phase} phase]") from None
+    needs_ranks = any(cfg.policy == "xshare-ep" for cfg in configs)
     states = {}
     for row, (topk, num_experts) in enumerate(layers):
-        expert_to_rank = expert_owner_of(topk.layer_id) if cfg.policy == "xshare-ep" else None
+        expert_to_rank = expert_owner_of(topk.layer_id) if needs_ranks else None
         state = make_layer_state(
             topk.topk_config, layer_id=topk.layer_id, row=row, num_experts=num_experts, device=device
         )

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..config import PrunerConfig
 from ..kernels import SelectionWorkspace, apply_keep_mask, rewrite_routing, select_keep_mask
 from ..policies.apply import MASKED_LOGIT
 from .settings import PluginSettings
@@ -45,11 +47,27 @@ class ForwardScope:
     num_valid : Tensor [1] or None
         Real-token count on the device (CUDA graphs: refilled before each replay); None when
         every row is real (eager forwards).
+    cfg : PrunerConfig or None
+        The config of this phase; None when the forward is not pruned.
+    token_weights : Tensor [T] float32 or None
+        Vote weight of each row (speculative verify with depth decay; 0 = never accepted, does
+        not vote and routes nowhere); None weighs every real row 1.
     """
 
     phase: str | None
     tokens_per_request: int = 1
     num_valid: torch.Tensor | None = None
+    cfg: PrunerConfig | None = None
+    token_weights: torch.Tensor | None = None
+    weights_source: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
+
+    def resolve_weights(self) -> torch.Tensor | None:
+        """:attr:`token_weights`, computed from :attr:`weights_source` on first use (eager verify:
+        a forward that replays a CUDA graph never runs a layer hook, so it never pays for them)."""
+        if self.weights_source is not None:
+            source, self.weights_source = self.weights_source, None
+            self.token_weights = source()
+        return self.token_weights
 
 
 @dataclass
@@ -75,6 +93,7 @@ class LayerCall:
     layer: LayerState
     num_valid: torch.Tensor | None
     masked: bool = False
+    token_weights: torch.Tensor | None = None
 
 
 @dataclass
@@ -91,6 +110,8 @@ class PrunerRuntime:
     reporter: Any = None  # MetricsReporter
     scope: ForwardScope | None = None
     call: LayerCall | None = None
+    # verify graphs with vote weights: padded token count -> [T] bool, refilled before each replay
+    acceptable_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     faults: int = 0
     pruned_forwards: int = 0
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)
@@ -108,7 +129,11 @@ class PrunerRuntime:
 
     def pruning_phase(self) -> bool:
         scope = self.scope
-        return scope is not None and scope.phase in self.settings.pruner.phases
+        return scope is not None and scope.cfg is not None
+
+    def config_for(self, phase: str | None) -> PrunerConfig | None:
+        """The config of ``phase``, None when that phase is not pruned."""
+        return self.settings.config_for(phase)
 
     # ------------------------------------------------------------------ per layer call
     def begin_call(self, topk_config: Any, num_token_non_padded: torch.Tensor | None) -> LayerCall | None:
@@ -120,7 +145,13 @@ class PrunerRuntime:
         if layer is None or layer.topk_config is not topk_config:
             return None
         num_valid = num_token_non_padded if num_token_non_padded is not None else self.scope.num_valid
-        self.call = LayerCall(layer, num_valid)
+        try:
+            token_weights = self.scope.resolve_weights()
+        except Exception as exc:  # the forward goes on unpruned
+            self.record_fault(layer, exc)
+            self.scope.cfg = None
+            return None
+        self.call = LayerCall(layer, num_valid, token_weights=token_weights)
         return self.call
 
     def end_call(self) -> None:
@@ -145,9 +176,14 @@ class PrunerRuntime:
                 raise ValueError(
                     f"router logits of shape {tuple(router_logits.shape)}, expected [T, {layer.num_experts}]"
                 )
+            token_weights = call.token_weights
+            if token_weights is not None and token_weights.shape[0] != router_logits.shape[0]:
+                raise ValueError(
+                    f"{token_weights.shape[0]} verify vote weights for {router_logits.shape[0]} router-logit rows"
+                )
             select_keep_mask(
                 router_logits,
-                self.settings.pruner,
+                self.scope.cfg,
                 top_k=layer.top_k,
                 tokens_per_request=self.scope.tokens_per_request,
                 num_valid_tokens=call.num_valid,
@@ -157,6 +193,7 @@ class PrunerRuntime:
                 workspace=self._workspace(router_logits),
                 layer_id=layer.layer_id,
                 stats_out=layer.stats,
+                token_weights=token_weights,
             )
             masked_bias = None
             if correction_bias is not None and correction_bias.dim() == 1:
@@ -189,18 +226,20 @@ class PrunerRuntime:
             physical_to_logical=p2l,
             metrics_row=self.metrics[layer.row],
             stats=layer.stats,
+            token_weights=call.token_weights,
         )
 
     # ------------------------------------------------------------------ faults
-    def record_fault(self, layer: LayerState, exc: BaseException) -> None:
+    def record_fault(self, where: LayerState | str, exc: BaseException) -> None:
+        """Count a pruner failure (the work it concerned goes on unpruned); log at most once a minute."""
         self.faults += 1
         now = time.monotonic()
         if now - self._last_fault_log >= FAULT_LOG_PERIOD_S:
             self._last_fault_log = now
+            place = f"layer {where.layer_id}" if isinstance(where, LayerState) else where
             logger.error(
-                "moe-pruner: selection failed in layer %d, routing left unpruned for this call "
-                "(%d failures so far): %s: %s",
-                layer.layer_id,
+                "moe-pruner: selection failed in %s, routing left unpruned (%d failures so far): %s: %s",
+                place,
                 self.faults,
                 type(exc).__name__,
                 exc,

@@ -7,7 +7,12 @@ themselves before the engine starts::
     XSHARE_MOE_PRUNER_CONFIG='{"policy": "xshare", "k0": 2, "budget": 12, "log_interval": 200}'
 
 The JSON object holds the ``PrunerConfig`` fields and the plugin settings (:data:`PLUGIN_FIELDS`)
-side by side; unknown keys are an error.
+side by side; unknown keys are an error.  A key named after a phase (``decode``, ``verify``,
+``extend``, ``mixed``) holds ``PrunerConfig`` fields that replace the top-level ones in that phase
+only, e.g. ``xshare`` at decode and ``xshare-spec`` at speculative verify::
+
+    {"policy": "xshare", "k0": 1, "budget": 8,
+     "verify": {"policy": "xshare-spec", "request_budget": 2, "budget": 4}}
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import PrunerConfig
+from ..config import PHASES, PrunerConfig
 
 ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
 DEFAULT_LOG_INTERVAL = 200
@@ -39,17 +44,64 @@ class PluginSettings:
 
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     log_interval: int = DEFAULT_LOG_INTERVAL
+    phase_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    _phase_configs: dict[str, PrunerConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.log_interval, bool) or not isinstance(self.log_interval, int) or self.log_interval < 0:
             raise ValueError(f"log_interval={self.log_interval!r} is invalid: must be an integer >= 0")
+        overrides = {}
+        for phase, delta in dict(self.phase_overrides).items():
+            if phase not in PHASES:
+                raise ValueError(f"phase override {phase!r} is invalid: allowed phases are {', '.join(PHASES)}")
+            if not isinstance(delta, Mapping):
+                raise ValueError(f"{phase}: must be an object of PrunerConfig fields, got {type(delta).__name__}")
+            if "phases" in delta:
+                raise ValueError(f"{phase}.phases: set the pruned phases at the top level, not inside a phase")
+            if phase not in self.pruner.phases:
+                raise ValueError(
+                    f"{phase}: an override was given for phase {phase!r}, which is not pruned "
+                    f"(phases={','.join(self.pruner.phases)}); add it to phases"
+                )
+            overrides[phase] = dict(delta)
+        object.__setattr__(self, "phase_overrides", overrides)
+        configs = {}
+        for phase in self.pruner.phases:
+            if phase not in overrides:
+                configs[phase] = self.pruner
+                continue
+            try:
+                configs[phase] = PrunerConfig.from_dict({**self.pruner.to_dict(), **overrides[phase]})
+            except ValueError as exc:
+                raise ValueError(f"{phase} phase: {exc}") from None
+        object.__setattr__(self, "_phase_configs", configs)
+
+    def config_for(self, phase: str | None) -> PrunerConfig | None:
+        """The config that applies in ``phase``; None when that phase is not pruned."""
+        cfg = self._phase_configs.get(phase) if phase is not None else None
+        return cfg if cfg is not None and cfg.policy != "none" else None
+
+    def phase_configs(self) -> dict[str, PrunerConfig]:
+        """Every pruned phase and its config (policy ``none`` included)."""
+        return dict(self._phase_configs)
 
     @property
     def enabled(self) -> bool:
-        return self.pruner.policy != "none"
+        """Some phase runs a policy other than ``none``."""
+        return any(cfg.policy != "none" for cfg in self._phase_configs.values())
+
+    def summary(self) -> str:
+        """The base config, then each phase whose config differs from it, for logs."""
+        text = self.pruner.summary()
+        for phase, cfg in self._phase_configs.items():
+            if phase in self.phase_overrides:
+                text += f" | {phase}: {cfg.summary()}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.pruner.to_dict(), "log_interval": self.log_interval}
+        out = {**self.pruner.to_dict(), "log_interval": self.log_interval}
+        out.update({phase: dict(delta) for phase, delta in self.phase_overrides.items()})
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=False)
@@ -57,8 +109,9 @@ class PluginSettings:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PluginSettings:
         plugin = {k: data[k] for k in PLUGIN_FIELDS if k in data}
-        pruner = {k: v for k, v in data.items() if k not in PLUGIN_FIELDS}
-        return cls(pruner=PrunerConfig.from_dict(pruner), **plugin)
+        overrides = {k: data[k] for k in PHASES if k in data}
+        pruner = {k: v for k, v in data.items() if k not in PLUGIN_FIELDS and k not in PHASES}
+        return cls(pruner=PrunerConfig.from_dict(pruner), phase_overrides=overrides, **plugin)
 
     @classmethod
     def load(cls, spec: str) -> PluginSettings:

@@ -21,9 +21,9 @@ import torch
 from .. import liveness
 from ..metrics import MetricsReporter
 from ..model_layers import PrunerSetupError, build_runtime
-from ..runtime import ForwardScope, get_runtime, set_runtime
+from ..runtime import get_runtime, set_runtime
 from ..settings import settings_from_env
-from .phases import phase_of
+from ..verify_scope import graph_scope
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +41,12 @@ def capture_head(graph_runner, forward_batch) -> None:
         # warm-up runs: every captured row is real; inside the capture the buffer must not be
         # written (the fill would be recorded and replayed over the real count)
         buffer.fill_(forward_batch.input_ids.shape[0])
-    runtime.enter(
-        ForwardScope(
-            phase=phase_of(graph_runner.capture_forward_mode),
-            tokens_per_request=graph_runner.captured_req_width,
-            num_valid=runtime.num_valid_buffer,
-        )
-    )
+    try:
+        scope = graph_scope(runtime, graph_runner, forward_batch)
+    except Exception as exc:  # this graph is captured unpruned rather than not at all
+        runtime.record_fault(f"the capture of a {graph_runner.capture_forward_mode} graph", exc)
+        scope = None
+    runtime.enter(scope)
 
 
 def capture_tail(graph_runner, out, forward_batch, num_tokens) -> None:
@@ -79,8 +78,8 @@ def hook(result, self, *args, **kwargs):
     self.capture_tail_hooks.append(capture_tail)
     logger.info(
         "moe-pruner active: policy=%s config=%s layers=%d hooks=[%s]",
-        settings.pruner.policy,
-        settings.pruner.summary(),
+        ",".join(sorted({cfg.policy for cfg in settings.phase_configs().values()} - {"none"})),
+        settings.summary(),
         len(runtime.layers),
         ", ".join(
             module.TARGET.rsplit(".", 2)[-2] + "." + module.TARGET.rsplit(".", 1)[-1] for module in ROUTING_HOOKS

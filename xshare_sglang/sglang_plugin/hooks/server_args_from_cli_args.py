@@ -44,5 +44,5 @@ def hook(result, cls, args, *rest, **kwargs):
     text = settings.to_json()
     os.environ[ENV_VAR] = text
     setattr(result, ATTRIBUTE, text)
-    logger.info("moe-pruner configured: %s", settings.pruner.summary())
+    logger.info("moe-pruner configured: %s", settings.summary())
     return None

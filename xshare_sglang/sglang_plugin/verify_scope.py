@@ -1,0 +1,123 @@
+"""The scope of a speculative (EAGLE target-verify) forward: grouping, and the votes of draft nodes.
+
+Grouping is static: request i owns rows ``[i*D, (i+1)*D)``, D being the verify input's
+``draft_token_num`` (eager) or the graph runner's captured width (CUDA graphs); the real-token count
+(``raw_bs * D`` on replay) already excludes padded requests.  Vote weights are built only when the
+verify config sets ``depth_decay``: from the positions (depth = position minus the root's) and from
+the tree links (nodes the root cannot reach never vote).  In a CUDA graph the weights are computed by
+recorded ops from the graph's static positions and a plugin buffer of acceptable nodes, which the
+``load_batch`` hook refills before each replay.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..spec import acceptable_nodes, draft_depths, vote_weights
+from .hooks.phases import phase_of
+from .runtime import ForwardScope, PrunerRuntime
+
+logger = logging.getLogger(__name__)
+
+_warned_ragged = False
+
+
+def _ragged(runtime: PrunerRuntime, phase: str | None) -> bool:
+    """Warn once: per-request verify lengths (SGLang's ragged verify) break the fixed-D grouping."""
+    global _warned_ragged
+    if not _warned_ragged:
+        _warned_ragged = True
+        logger.warning(
+            "moe-pruner: this server verifies ragged draft lengths per request; the pruner groups verify "
+            "rows in fixed blocks of D, so %s forwards run unpruned",
+            phase,
+        )
+    return True
+
+
+def tree_acceptable(spec_info, num_requests: int, tokens_per_request: int) -> torch.Tensor | None:
+    """Acceptable nodes of a verify input, shape [R*D] bool; None when it carries no tree links."""
+    next_token = getattr(spec_info, "retrieve_next_token", None)
+    next_sibling = getattr(spec_info, "retrieve_next_sibling", None)
+    shape = (num_requests, tokens_per_request)
+    if next_token is None or next_sibling is None:
+        return None
+    if tuple(next_token.shape) != shape or tuple(next_sibling.shape) != shape:
+        raise ValueError(
+            f"verify tree links of shape {tuple(next_token.shape)}, expected {shape} (requests x draft tokens)"
+        )
+    return acceptable_nodes(next_token, next_sibling).reshape(-1)
+
+
+def eager_scope(runtime: PrunerRuntime, forward_batch) -> ForwardScope:
+    """Scope of an eagerly run forward (vote weights are computed only if a layer call needs them)."""
+    phase = phase_of(forward_batch.forward_mode)
+    cfg = runtime.config_for(phase)
+    if phase != "verify":
+        return ForwardScope(phase=phase, cfg=cfg)
+    spec_info = forward_batch.spec_info
+    tokens_per_request = int(getattr(spec_info, "draft_token_num", 1) or 1)
+    if getattr(spec_info, "ragged_verify_layout", None) is not None and _ragged(runtime, phase):
+        return ForwardScope(phase=phase, tokens_per_request=tokens_per_request, cfg=None)
+    scope = ForwardScope(phase=phase, tokens_per_request=tokens_per_request, cfg=cfg)
+    if cfg is not None and cfg.depth_decay is not None:
+        positions, decay = forward_batch.positions, cfg.depth_decay
+
+        def weights() -> torch.Tensor:
+            depths = draft_depths(positions, tokens_per_request)
+            acceptable = tree_acceptable(spec_info, depths.shape[0] // tokens_per_request, tokens_per_request)
+            return vote_weights(depths, decay, acceptable)
+
+        scope.weights_source = weights
+    return scope
+
+
+def graph_scope(runtime: PrunerRuntime, graph_runner, forward_batch) -> ForwardScope:
+    """Scope of a decode/verify CUDA graph, published while it is warmed up and captured."""
+    phase = phase_of(graph_runner.capture_forward_mode)
+    cfg = runtime.config_for(phase)
+    tokens_per_request = graph_runner.captured_req_width
+    scope = ForwardScope(
+        phase=phase, tokens_per_request=tokens_per_request, num_valid=runtime.num_valid_buffer, cfg=cfg
+    )
+    if phase != "verify" or cfg is None:
+        return scope
+    if getattr(graph_runner, "ragged_verify_mode", False) and _ragged(runtime, phase):
+        scope.cfg = None
+        return scope
+    if cfg.depth_decay is not None:
+        num_tokens = forward_batch.input_ids.shape[0]
+        acceptable = runtime.acceptable_buffers.get(num_tokens)
+        if acceptable is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"no acceptable-node buffer for a verify graph of {num_tokens} tokens")
+            acceptable = torch.ones(num_tokens, dtype=torch.bool, device=forward_batch.input_ids.device)
+            runtime.acceptable_buffers[num_tokens] = acceptable
+        # recorded into the graph: replays recompute the weights from the refilled static inputs
+        depths = draft_depths(forward_batch.positions[:num_tokens], tokens_per_request)
+        scope.token_weights = vote_weights(depths, cfg.depth_decay, acceptable)
+    return scope
+
+
+def refill_graph_inputs(runtime: PrunerRuntime, graph_runner, forward_batch) -> None:
+    """Before a replay: the real-token count, and the acceptable nodes of a verify graph with votes."""
+    runtime.num_valid_buffer.fill_(graph_runner.raw_num_token)
+    if not runtime.acceptable_buffers or phase_of(graph_runner.capture_forward_mode) != "verify":
+        return
+    tokens_per_request = graph_runner.captured_req_width
+    buffer = runtime.acceptable_buffers.get(graph_runner.bs * tokens_per_request)
+    if buffer is None:
+        return
+    raw_tokens = graph_runner.raw_bs * tokens_per_request
+    try:
+        acceptable = tree_acceptable(forward_batch.spec_info, graph_runner.raw_bs, tokens_per_request)
+    except Exception as exc:  # every node votes rather than a failed replay
+        runtime.record_fault("the verify tree of a graph replay", exc)
+        acceptable = None
+    if acceptable is None:
+        buffer.fill_(True)
+    else:
+        buffer[:raw_tokens].copy_(acceptable)
+        buffer[raw_tokens:].fill_(True)

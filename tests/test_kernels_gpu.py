@@ -22,6 +22,35 @@ pytestmark = pytest.mark.gpu
 POLICIES = ["oea", "xshare", "xshare-threshold", "xshare-spec", "xshare-ep", "moe-spec", "moe-spec-static", "lynx"]
 
 
+def _warm_up(step, repeats: int = 3) -> None:
+    """Run ``step`` on a side stream first: JIT compilation and cached device copies happen here, not
+    in the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(repeats):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
+def _capture(step) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def _replay_without_sync(graph: torch.cuda.CUDAGraph) -> None:
+    """Replay with any host synchronisation an error, then wait for the device."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
     if policy == "moe-spec-static":
         counts = [[float((e * 7 + layer) % 13) for e in range(num_experts)] for layer in range(3)]
@@ -65,32 +94,19 @@ def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_pa
         apply_keep_mask(logits, keep, bias=bias, out=masked, bias_out=masked_bias)
 
     logits.copy_(make_logits(num_tokens, num_experts, "normal", seed=0).to(dtype))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):  # JIT compilation and cached device copies happen here, not in capture
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    _warm_up(step)
     allocated = torch.cuda.memory_allocated()
     step()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == allocated, "an eager call allocated memory"
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = _capture(step)
 
     for replay, real in enumerate([num_tokens, 1, 0, num_tokens // 2 + 3, num_tokens - 1]):
         fresh = make_logits(num_tokens, num_experts, ["normal", "integers", "nonfinite"][replay % 3], seed=replay + 1)
         logits.copy_(fresh.to(dtype))
         num_valid.fill_(real)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
+        _replay_without_sync(graph)
         cpu_logits = logits.cpu()
         want = select_experts_mask(
             cpu_logits,
@@ -162,14 +178,8 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
         )  # fmt: skip
         rewrite_routing(ids, topk_weights, keep, num_valid_tokens=num_valid, token_weights=weights)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    _warm_up(step)
+    graph = _capture(step)
     gen = torch.Generator().manual_seed(0)
     for replay, real_bs in enumerate([16, 9, 3, 1, 12]):
         new_logits = make_logits(num_tokens, num_experts, "normal", seed=replay)
@@ -185,12 +195,7 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
         num_valid.fill_(real_bs * d)
         ids.copy_(new_ids)
         topk_weights.copy_(new_weights)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
+        _replay_without_sync(graph)
         want_weights = vote_weights(draft_depths(new_positions, d), cfg.depth_decay, new_acceptable)
         want = select_experts_mask(
             new_logits, cfg, top_k=top_k, tokens_per_request=d, num_valid_tokens=real_bs * d, token_weights=want_weights

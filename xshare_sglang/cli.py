@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .config import PrunerConfig
+from .replay.demo import DEFAULT_SHAPES, VERIFY_SHAPES
 
 logger = logging.getLogger(__name__)
 
@@ -100,32 +101,30 @@ def _replay(args: argparse.Namespace, config_factory) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xshare-sglang", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="replay the shipped routing traces through every policy")
-    demo.add_argument(
+def _add_replay_arguments(parser: argparse.ArgumentParser, *, default_shapes: tuple[str, ...]) -> None:
+    """The options every trace-replay subcommand takes."""
+    parser.add_argument(
         "--trace",
         nargs="+",
         default=["gptoss", "gemma"],
         help="bundled trace names (gptoss, gemma) or paths of route_trace v1 CSV files",
     )
-    demo.add_argument("--shapes", default="8x1,32x1,4x4,8x4", help="batch shapes RxD, comma-separated")
-    demo.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
-    demo.add_argument("--json", help="also write every row to this JSON file")
+    parser.add_argument("--shapes", default=",".join(default_shapes), help="batch shapes RxD, comma-separated")
+    parser.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
+    parser.add_argument("--json", help="also write every row to this JSON file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xshare-sglang", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="replay the shipped routing traces through every policy")
+    _add_replay_arguments(demo, default_shapes=DEFAULT_SHAPES)
     demo.set_defaults(handler=_demo)
     verify = sub.add_parser(
         "verify",
         help="replay speculative verify batches (R requests x D draft tokens) through the verify policies",
     )
-    verify.add_argument(
-        "--trace",
-        nargs="+",
-        default=["gptoss", "gemma"],
-        help="bundled trace names (gptoss, gemma) or paths of route_trace v1 CSV files",
-    )
-    verify.add_argument("--shapes", default="4x4,4x8,8x4,8x8", help="batch shapes RxD, comma-separated")
-    verify.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
+    _add_replay_arguments(verify, default_shapes=VERIFY_SHAPES)
     verify.add_argument(
         "--depth-decay",
         type=float,
@@ -133,7 +132,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="weigh the vote of the token at depth d of its request by X**d, in (0, 1] (default: off)",
     )
-    verify.add_argument("--json", help="also write every row to this JSON file")
     verify.set_defaults(handler=_verify)
     return parser
 

@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install --no-cache-dir --upgrade pip
+	# --no-cache-dir: SGLang's wheels are ~5 GB; keeping a second copy in pip's cache can fill a small disk
+	$(BIN)/python -m pip install --no-cache-dir -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -31,6 +31,16 @@ def test_shipped_traces_and_licence() -> None:
     assert "Apache License" in (folder / "LICENSE.Apache-2.0").read_text()
 
 
+def test_tiny_model_data_and_licences() -> None:
+    from importlib import resources
+
+    folder = resources.files("xshare_sglang") / "data" / "tiny_moe"
+    names = {entry.name for entry in folder.iterdir()}
+    assert {"LICENSE.gsm8k.MIT", "LICENSE.human-eval.MIT", "LICENSE.Python-PSF", "MODEL_CARD.md"} <= names
+    assert "PYTHON SOFTWARE FOUNDATION LICENSE" in (folder / "LICENSE.Python-PSF").read_text()
+    assert "MIT License" in (folder / "LICENSE.gsm8k.MIT").read_text()
+
+
 def test_readme_documents_every_flag() -> None:
     from pathlib import Path
 
@@ -39,9 +49,11 @@ def test_readme_documents_every_flag() -> None:
         FIELD_FLAGS,
         FLAG_PREFIX,
         LOG_INTERVAL_FLAG,
+        TRACE_FLAGS,
         VERIFY_FLAG,
     )
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    for flag in [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, VERIFY_FLAG, *(spec.flag for spec in FIELD_FLAGS)]:
+    flags = [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, VERIFY_FLAG, *TRACE_FLAGS.values()]
+    for flag in [*flags, *(spec.flag for spec in FIELD_FLAGS)]:
         assert f"`{flag} " in readme or f"`{flag}`" in readme or f"{flag} " in readme, flag

@@ -80,11 +80,12 @@ def test_evaluate_call_by_hand() -> None:
     assert (none.activated, none.kept, none.retained_mass) == (3, 4, 1.0)
 
 
-def test_demo_command(tmp_path, capsys) -> None:
+def test_replay_command(tmp_path, capsys) -> None:
     out = tmp_path / "rows.json"
-    assert main(["demo", "--trace", "gptoss", "--shapes", "8x1,4x4", "--json", str(out)]) == 0
+    assert main(["replay", "--trace", "gptoss", "--shapes", "8x1,4x4", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "gptoss, 8 requests x 1 tokens" in printed and "gptoss, 4 requests x 4 tokens" in printed
+    assert "gptoss, single-load, 8 requests x 1 tokens" in printed
+    assert "gptoss, speculative single-load, 4 requests x 4 tokens" in printed
     rows = json.loads(out.read_text())
     by_key = {(r["shape"], r["policy"], r["params"]): r for r in rows}
     trace = load_route_csv(bundled_trace_path("gptoss"))
@@ -99,18 +100,18 @@ def test_demo_command(tmp_path, capsys) -> None:
         assert by_key[(shape, "moe-spec", "max_experts=8 ranking=router scope=batch")]["kept"] == 8
 
 
-def test_demo_reads_config_list(tmp_path, capsys) -> None:
+def test_replay_reads_config_list(tmp_path, capsys) -> None:
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps([{"policy": "xshare", "k0": 1, "budget": 3}]))
     out = tmp_path / "rows.json"
-    assert main(["demo", "--trace", "gptoss", "--shapes", "8x1", "--configs", str(configs), "--json", str(out)]) == 0
+    assert main(["replay", "--trace", "gptoss", "--shapes", "8x1", "--configs", str(configs), "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [(r["policy"], r["params"]) for r in rows] == [("xshare", "k0=1 budget=3")]
 
 
-def test_demo_reports_bad_shape() -> None:
+def test_replay_reports_bad_shape() -> None:
     with pytest.raises(SystemExit) as info:
-        main(["demo", "--shapes", "8"])
+        main(["replay", "--shapes", "8"])
     assert info.value.code == 2
 
 
@@ -119,7 +120,7 @@ def test_verify_command(tmp_path, capsys) -> None:
     R x B; xshare-spec keeps every token's top-1; depth decay changes the batch-level votes."""
     out = tmp_path / "rows.json"
     assert main(["verify", "--trace", "gptoss", "--shapes", "4x4", "--json", str(out)]) == 0
-    assert "gptoss, 4 requests x 4 tokens" in capsys.readouterr().out
+    assert "gptoss, speculative single-load, 4 requests x 4 tokens" in capsys.readouterr().out
     rows = {(r["policy"], r["params"]): r for r in json.loads(out.read_text())}
     assert rows[("moe-spec", "max_experts=8 ranking=router scope=batch")]["kept"] == 8
     request = rows[("moe-spec", "max_experts=2 ranking=router scope=request")]["kept"]
@@ -135,7 +136,7 @@ def test_verify_command(tmp_path, capsys) -> None:
 
 
 def test_chain_vote_weights() -> None:
-    from xshare_sglang.replay.demo import chain_vote_weights
+    from xshare_sglang.replay.engine import chain_vote_weights
 
     assert chain_vote_weights(BatchShape(2, 3), 0.5).tolist() == [1.0, 0.5, 0.25, 1.0, 0.5, 0.25]
     assert chain_vote_weights(BatchShape(2, 3), None) is None

@@ -2,79 +2,204 @@
 
 Subcommands
 -----------
-demo    replay the shipped routing traces through every policy and print the tables.
-verify  the same for speculative verify batches (R requests x D draft tokens): batch-level against
+demo    batched greedy decoding with the shipped tiny MoE model under every policy: activated
+        experts, agreement with unpruned decoding, held-out perplexity per domain, modeled speed-up.
+replay  replay routing traces (shipped, recorded from the tiny model, or your own xshare-trace /
+        route CSV files) through the policies in single-load, mixed-load and speculative batches.
+verify  replay speculative verify batches (R requests x D draft tokens): batch-level against
         per-request policies, optionally with depth-decayed votes.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 from pathlib import Path
 
 from .config import PrunerConfig
-from .replay.demo import DEFAULT_SHAPES, VERIFY_SHAPES
+from .replay.configs import DEFAULT_SHAPES, VERIFY_SHAPES
 
 logger = logging.getLogger(__name__)
 
+BUNDLED = ("gptoss", "gemma", "tiny")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=max(Console().width, 170))
+
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    )
+
+
+def _configs_file(path: str) -> list[PrunerConfig]:
+    try:
+        items = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--configs {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"--configs {path}: expected a non-empty JSON list of PrunerConfig objects")
+    return [PrunerConfig.load(item) for item in items]
+
+
+# ----------------------------------------------------------------------------------------- demo
+
 
 def _demo(args: argparse.Namespace) -> int:
-    from .replay import default_configs
-
-    return _replay(args, default_configs)
-
-
-def _verify(args: argparse.Namespace) -> int:
-    from .replay import verify_configs
-
-    def configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
-        chosen = verify_configs(top_k, num_experts)
-        if args.depth_decay is None:
-            return chosen
-        return [
-            cfg if cfg.policy in ("none", "lynx") else dataclasses.replace(cfg, depth_decay=args.depth_decay)
-            for cfg in chosen
-        ]
-
-    return _replay(args, configs)
-
-
-def _replay(args: argparse.Namespace, config_factory) -> int:
-    from rich.console import Console
     from rich.table import Table
 
-    from .replay import BatchShape, bundled_trace_path, load_route_csv, replay_trace
+    from .replay.plot import plot_pareto
+    from .replay.tiny_demo import DemoSettings, demo_configs, run_demo
+    from .replay.tiny_model import DOMAINS
 
+    console = _console()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = DemoSettings.quick() if args.quick else DemoSettings()
+    configs = _configs_file(args.configs) if args.configs else demo_configs(4, 32, quick=args.quick)
+    if configs[0].policy != "none":
+        configs = [PrunerConfig(policy="none"), *configs]
+    console.print(
+        f"[bold]tiny-qwen3-moe[/bold] (4 layers, 32 experts, top-4): {3 * settings.prompts_per_domain} prompts "
+        f"(code, math, prose) x {settings.new_tokens} greedy tokens, and {3 * settings.windows_per_domain} "
+        f"held-out windows x {settings.window_tokens} tokens scored one decode step at a time"
+    )
+    with _progress(console) as progress:
+        task = progress.add_task("policies", total=len(configs))
+        rows = run_demo(
+            configs,
+            settings=settings,
+            model_dir=args.model,
+            trace_path=out / "tiny_moe.decode.trace.pt",
+            on_config_done=lambda: progress.advance(task),
+        )
+    table = Table(title="tiny MoE decode, every policy (means over decode layer calls)", title_justify="left")
+    for column in ("policy", "parameters", "activated", "kept", "retained mass", "agreement", "prefix"):
+        table.add_column(column, justify="left" if column in ("policy", "parameters") else "right", no_wrap=True)
+    for domain in DOMAINS:
+        table.add_column(f"ppl {domain}", justify="right")
+    table.add_column("speed-up", justify="right")
+    for row in rows:
+        table.add_row(
+            row.policy,
+            row.params,
+            f"{row.activated:.1f}/{row.baseline_activated:.1f}",
+            f"{row.kept:.1f}",
+            f"{100 * row.retained_mass:.1f}%",
+            f"{100 * row.token_agreement:.1f}%",
+            f"{100 * row.prefix_kept:.1f}%",
+            *(f"{row.perplexity[d]:.2f}" for d in DOMAINS),
+            f"{row.speedup:.2f}x",
+        )
+    console.print(table)
+    points = [{"label": f"{r.policy} {r.params}", "retained_mass": r.retained_mass, "speedup": r.speedup} for r in rows]
+    plot = plot_pareto({"decode batches, 3 domains": points}, out / "demo_pareto.png", "tiny-qwen3-moe")
+    (out / "demo.json").write_text(json.dumps([r.as_dict() for r in rows], indent=2))
+    console.print(
+        "activated = distinct experts per decode layer call, pruned/unpruned; kept = keep-mask size; retained "
+        "mass = share of the natural top-k router weight on kept experts; agreement = generated tokens equal to "
+        "unpruned decoding at the same position; prefix = share of tokens before the first difference; ppl = "
+        "held-out perplexity; speed-up = expert bytes read, unpruned over pruned (HBM-bandwidth model of the "
+        "MoE layers only).\n"
+        f"wrote {plot}, {out / 'demo.json'} and the unpruned run's router trace {out / 'tiny_moe.decode.trace.pt'} "
+        f"(replay it: xshare-sglang replay --trace {out / 'tiny_moe.decode.trace.pt'} --scenario single,mixed)"
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------------------- replay
+
+
+def _load_traces(names: list[str]):
+    from .replay import bundled_trace_path, load_route_csv, load_trace, trace_from_route_csv
+    from .replay.trace import load_trace_dir
+
+    for name in names:
+        if name == "tiny":
+            from .replay.tiny_demo import DemoSettings, record_tiny_trace
+
+            yield record_tiny_trace(DemoSettings())
+        elif name in ("gptoss", "gemma"):
+            yield trace_from_route_csv(load_route_csv(bundled_trace_path(name)))
+        elif name.endswith(".csv"):
+            yield trace_from_route_csv(load_route_csv(name))
+        elif Path(name).is_dir():
+            yield load_trace_dir(name)
+        else:
+            if not Path(name).is_file():
+                raise ValueError(f"--trace {name!r}: no such file or folder; use a path or one of {', '.join(BUNDLED)}")
+            yield load_trace(name)
+
+
+def _replay_tables(args: argparse.Namespace, config_factory) -> int:
+    from rich.table import Table
+
+    from .replay import BatchShape, build_batches, replay_table, token_table
+    from .replay.configs import with_depth_decay
+    from .replay.cost import DEVICES
+    from .replay.plot import plot_pareto
+
+    console = _console()
     shapes = [BatchShape.parse(text) for text in args.shapes.split(",")]
-    console = Console(width=max(Console().width, 110))
+    scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
+    plot_dir = Path(args.plot_dir) if args.plot_dir else None
+    if plot_dir:
+        plot_dir.mkdir(parents=True, exist_ok=True)
     all_rows = []
-    for name in args.trace:
-        path = bundled_trace_path(name) if not name.endswith(".csv") else Path(name)
-        trace = load_route_csv(path)
-        configs = (
-            [PrunerConfig.load(item) for item in json.loads(Path(args.configs).read_text())]
-            if args.configs
-            else config_factory(trace.top_k, trace.num_experts)
-        )
+    for trace in _load_traces(args.trace):
+        table_of_tokens = token_table(trace, "decode")
+        meta = trace.meta
+        configs = with_depth_decay(config_factory(meta.top_k, meta.num_experts), args.depth_decay)
+        by_source = table_of_tokens.sequences()
         console.print(
-            f"\n[bold]{trace.name}[/bold]: {trace.model}, {trace.num_layers} layers, "
-            f"E={trace.num_experts}, top-k={trace.top_k}, {trace.num_tokens} decode tokens"
+            f"\n[bold]{trace.name}[/bold]: {meta.model}, {meta.num_layers} layers, E={meta.num_experts}, "
+            f"top-k={meta.top_k}, {table_of_tokens.num_tokens} decode tokens from "
+            f"{sum(map(len, by_source.values()))} requests, sources: {', '.join(by_source)}"
         )
-        for shape in shapes:
-            rows = replay_trace(trace, shape, configs)
-            if not rows:
-                console.print(f"  {shape}: sequence too short, skipped")
-                continue
+        jobs = []
+        for scenario in scenarios:
+            for shape in shapes:
+                if scenario == "mixed" and len(by_source) < 2:
+                    console.print(f"  mixed-load skipped: {trace.name} has one source")
+                    break
+                batches = build_batches(by_source, shape, scenario, args.share)
+                if not batches:
+                    console.print(f"  {scenario} {shape}: sequences too short, skipped")
+                    continue
+                jobs.append((scenario, shape, batches))
+        panels: dict[str, dict[str, list[dict]]] = {}
+        with _progress(console) as progress:
+            task = progress.add_task(f"{trace.name}", total=len(jobs) * len(configs))
+            results = [
+                replay_table(
+                    table_of_tokens,
+                    batches,
+                    configs,
+                    scenario=scenario,
+                    shape=shape,
+                    on_config_done=lambda task=task: progress.advance(task),
+                )
+                for scenario, shape, batches in jobs
+            ]
+        for (scenario, shape, _), rows in zip(jobs, results, strict=True):
+            label = "mixed-load" if scenario == "mixed" else "single-load"
+            kind = "speculative " if shape.tokens_per_request > 1 else ""
             table = Table(
-                title=f"{trace.name}, {shape.requests} requests x {shape.tokens_per_request} tokens "
+                title=f"{trace.name}, {kind}{label}, {shape.requests} requests x {shape.tokens_per_request} tokens "
                 f"({rows[0].layer_calls} layer calls)",
                 title_justify="left",
             )
-            for column in ("policy", "parameters", "activated", "kept", "retained mass", "top-1 kept"):
+            columns = ["policy", "parameters", "activated", "kept", "retained mass", "top-1 kept", "speed-up"]
+            columns += [f"MoE µs {d.name}" for d in DEVICES] if rows[0].modeled_us else []
+            for column in columns:
                 text = column in ("policy", "parameters")
                 table.add_column(column, justify="left" if text else "right", no_wrap=True)
             for row in rows:
@@ -85,15 +210,26 @@ def _replay(args: argparse.Namespace, config_factory) -> int:
                     f"{row.kept:.2f}",
                     f"{100 * row.retained_mass:.1f}%",
                     f"{100 * row.top1_kept:.1f}%",
+                    f"{row.speedup:.2f}x",
+                    *(f"{row.modeled_us[d.name]:.2f}" for d in DEVICES if row.modeled_us),
                 )
             console.print(table)
+            panels.setdefault(scenario, {})[f"{shape.requests} req x {shape.tokens_per_request} tok"] = [
+                {"label": f"{r.policy} {r.params}", "retained_mass": r.retained_mass, "speedup": r.speedup}
+                for r in rows
+            ]
             all_rows += rows
+        if plot_dir:
+            for scenario, panel in panels.items():
+                path = plot_pareto(panel, plot_dir / f"{trace.name}_{scenario}.png", f"{trace.name}, {scenario}-load")
+                console.print(f"wrote {path}")
     console.print(
-        "activated = distinct experts the routed tokens use per layer call (mean); kept = size of the "
-        "keep mask; retained mass = share of the natural top-k router weight on kept experts.\n"
-        "The traces list each token's top-k experts only, so a token cannot move to an unlisted "
-        "expert: substitution acts as truncation, and lynx (which remaps within a token's scored "
-        "experts) keeps every listed expert."
+        "activated = distinct experts the routed tokens use per layer call (mean); kept = size of the keep mask; "
+        "retained mass = share of the natural top-k router weight on kept experts; speed-up = expert bytes read, "
+        "unpruned over pruned; MoE µs = activated experts x bytes per expert / peak HBM bandwidth "
+        + "; ".join(f"{d.name} {d.hbm_bytes_per_second / 1e12:.2f} TB/s ({d.source})" for d in DEVICES)
+        + ".\nTraces that list only each token's top-k cannot move a token to an unlisted expert: there substitution "
+        "acts as truncation, and lynx keeps every listed expert."
     )
     if args.json:
         Path(args.json).write_text(json.dumps([row.as_dict() for row in all_rows], indent=2))
@@ -101,38 +237,82 @@ def _replay(args: argparse.Namespace, config_factory) -> int:
     return 0
 
 
-def _add_replay_arguments(parser: argparse.ArgumentParser, *, default_shapes: tuple[str, ...]) -> None:
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import default_configs, sweep_configs
+
+    if args.configs and args.sweep:
+        raise ValueError("--configs and --sweep exclude each other: choose one")
+    if args.sweep:
+        try:
+            values = [float(v) for v in args.values.split(",")]
+        except (AttributeError, ValueError):
+            raise ValueError(f"--values {args.values!r} is invalid: give numbers, e.g. --values 2,4,8,16") from None
+        swept = sweep_configs(args.sweep, values)
+        return _replay_tables(args, lambda top_k, e: [PrunerConfig(policy="none"), *swept])
+    if args.configs:
+        chosen = _configs_file(args.configs)
+        return _replay_tables(args, lambda top_k, e: chosen)
+    return _replay_tables(args, default_configs)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .replay import verify_configs
+
+    if args.configs:
+        chosen = _configs_file(args.configs)
+        return _replay_tables(args, lambda top_k, e: chosen)
+    return _replay_tables(args, verify_configs)
+
+
+def _add_replay_arguments(parser: argparse.ArgumentParser, *, default_shapes: tuple[str, ...], traces: list[str]):
     """The options every trace-replay subcommand takes."""
     parser.add_argument(
         "--trace",
         nargs="+",
-        default=["gptoss", "gemma"],
-        help="bundled trace names (gptoss, gemma) or paths of route_trace v1 CSV files",
+        default=traces,
+        help="bundled traces (gptoss, gemma: public top-k traces; tiny: recorded now from the tiny model) "
+        "or paths of xshare-trace (.pt) files, folders of them (one trace), or route_trace v1 (.csv) files",
     )
     parser.add_argument("--shapes", default=",".join(default_shapes), help="batch shapes RxD, comma-separated")
     parser.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
     parser.add_argument("--json", help="also write every row to this JSON file")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xshare-sglang", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="replay the shipped routing traces through every policy")
-    _add_replay_arguments(demo, default_shapes=DEFAULT_SHAPES)
-    demo.set_defaults(handler=_demo)
-    verify = sub.add_parser(
-        "verify",
-        help="replay speculative verify batches (R requests x D draft tokens) through the verify policies",
-    )
-    _add_replay_arguments(verify, default_shapes=VERIFY_SHAPES)
-    verify.add_argument(
+    parser.add_argument("--plot-dir", help="write a Pareto plot (PNG) per trace and scenario into this folder")
+    parser.add_argument(
         "--depth-decay",
         type=float,
         default=None,
         metavar="X",
         help="weigh the vote of the token at depth d of its request by X**d, in (0, 1] (default: off)",
     )
-    verify.set_defaults(handler=_verify)
+    parser.add_argument("--share", type=float, default=0.25, help="mixed-load: share of slots from the focus source")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xshare-sglang", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="decode with the shipped tiny MoE model under every policy")
+    demo.add_argument("--quick", action="store_true", help="three policies, short prompts (under 30 s)")
+    demo.add_argument("--out", default="xshare-demo", help="folder for the plot, JSON and trace (default: %(default)s)")
+    demo.add_argument("--model", help="folder of another Qwen3-MoE checkpoint to use (default: the shipped one)")
+    demo.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
+    demo.set_defaults(handler=_demo)
+
+    replay = sub.add_parser("replay", help="replay routing traces through the policies")
+    _add_replay_arguments(replay, default_shapes=DEFAULT_SHAPES, traces=["gptoss", "gemma"])
+    replay.add_argument(
+        "--scenario", default="single", help="comma-separated: single (one source per batch), mixed (--share)"
+    )
+    replay.add_argument("--sweep", metavar="POLICY", help="compare one policy over --values of its size knob")
+    replay.add_argument("--values", help="values of the swept knob, comma-separated (e.g. 2,4,8,16)")
+    replay.set_defaults(handler=_replay)
+
+    verify = sub.add_parser(
+        "verify",
+        help="replay speculative verify batches (R requests x D draft tokens) through the verify policies",
+    )
+    _add_replay_arguments(verify, default_shapes=VERIFY_SHAPES, traces=["gptoss", "gemma"])
+    verify.set_defaults(handler=_verify, scenario="single")
     return parser
 
 

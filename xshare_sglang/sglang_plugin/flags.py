@@ -13,12 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import COVERAGES, PHASES, POLICIES, RANKINGS, SCOPES, SCORES, PrunerConfig
-from .settings import DEFAULT_LOG_INTERVAL, ENV_VAR, PluginSettings
+from .settings import DEFAULT_LOG_INTERVAL, DEFAULT_TRACE_EVERY, DEFAULT_TRACE_MAX_MB, ENV_VAR, PluginSettings
 
 FLAG_PREFIX = "--moe-pruner"
 CONFIG_FLAG = "--moe-pruner-config"
 LOG_INTERVAL_FLAG = "--moe-pruner-log-interval"
 VERIFY_FLAG = "--moe-pruner-verify"
+TRACE_FLAGS = {
+    "trace_dir": "--moe-pruner-trace-dir",
+    "trace_every": "--moe-pruner-trace-every",
+    "trace_max_mb": "--moe-pruner-trace-max-mb",
+}
 
 
 def _non_negative_int(text: str) -> int:
@@ -170,6 +175,28 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"log and export pruning metrics every N pruned forwards, 0 = never (default: {DEFAULT_LOG_INTERVAL})",
     )
+    group.add_argument(
+        TRACE_FLAGS["trace_dir"],
+        default=None,
+        metavar="DIR",
+        help="record the router logits of sampled eager decode/verify forwards into DIR as xshare-trace files "
+        "for `xshare-sglang replay` (works with --moe-pruner none; CUDA-graph replays are not recorded, so "
+        "add --disable-cuda-graph to record decode)",
+    )
+    group.add_argument(
+        TRACE_FLAGS["trace_every"],
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=f"record one eligible forward in N (default: {DEFAULT_TRACE_EVERY})",
+    )
+    group.add_argument(
+        TRACE_FLAGS["trace_max_mb"],
+        type=_positive_int,
+        default=None,
+        metavar="MB",
+        help=f"stop recording when the trace files reach MB MiB (default: {DEFAULT_TRACE_MAX_MB})",
+    )
 
 
 def flag_for_field(field: str) -> str:
@@ -178,6 +205,8 @@ def flag_for_field(field: str) -> str:
         return FLAG_PREFIX
     if field == "log_interval":
         return LOG_INTERVAL_FLAG
+    if field in TRACE_FLAGS:
+        return TRACE_FLAGS[field]
     return f"{FLAG_PREFIX}-{field.replace('_', '-')}"
 
 
@@ -197,7 +226,9 @@ def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) ->
     config_text = getattr(args, "moe_pruner_config", None)
     log_interval = getattr(args, "moe_pruner_log_interval", None)
     verify_policy = getattr(args, "moe_pruner_verify", None)
-    nothing = policy is None and config_text is None and not explicit and log_interval is None
+    trace = {field: getattr(args, f"moe_pruner_{field}", None) for field in TRACE_FLAGS}
+    trace = {k: v for k, v in trace.items() if v is not None}
+    nothing = policy is None and config_text is None and not explicit and log_interval is None and not trace
     if base is None and nothing and verify_policy is None:
         return None
     merged: dict[str, Any] = base.to_dict() if base is not None else {}
@@ -211,6 +242,7 @@ def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) ->
         merged["policy"] = policy
     if log_interval is not None:
         merged["log_interval"] = log_interval
+    merged.update(trace)
     if verify_policy is not None:
         merged["verify"] = {**merged.get("verify", {}), "policy": verify_policy}
     try:
@@ -221,7 +253,7 @@ def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) ->
             raise ValueError(f"{VERIFY_FLAG}: {message}") from None
         if message.startswith(tuple(f"{phase}{sep}" for phase in PHASES for sep in (" phase: ", ": "))):
             raise ValueError(f"{CONFIG_FLAG}: {message}") from None
-        for field in ("policy", *PrunerConfig.field_names(), "log_interval"):
+        for field in ("policy", *PrunerConfig.field_names(), "log_interval", *TRACE_FLAGS):
             if f"PrunerConfig.{field}=" in message or message.startswith(f"{field}="):
                 raise ValueError(f"{flag_for_field(field)}: {message}") from None
         raise ValueError(f"{FLAG_PREFIX}: {message}") from None

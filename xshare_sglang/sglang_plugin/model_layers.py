@@ -48,6 +48,24 @@ def find_moe_layers(model: torch.nn.Module) -> list[tuple[Any, int]]:
     return [(topks[layer_id], experts[layer_id]) for layer_id in sorted(topks)]
 
 
+def expert_bytes_by_layer(model: torch.nn.Module) -> dict[int, int]:
+    """Bytes of one routed expert's weights (and scales) per layer id, from each ``FusedMoE``
+    module's per-expert parameters (first dimension = its local expert count); 0 when unknown."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    out = {}
+    for module in model.modules():
+        if isinstance(module, FusedMoE):
+            local = getattr(module, "num_local_experts", None) or module.num_experts
+            per_expert = [
+                p.numel() * p.element_size()
+                for p in module.parameters(recurse=False)
+                if p.dim() and p.shape[0] == local
+            ]
+            out[module.layer_id] = sum(per_expert) // local if per_expert and local else 0
+    return out
+
+
 def check_model(cfg: PrunerConfig, layers: list[tuple[Any, int]], *, ep_size: int) -> None:
     """Raise :class:`PrunerSetupError` for any config value this model cannot take."""
     from sglang.srt.layers.moe.topk import TopKOutputFormat

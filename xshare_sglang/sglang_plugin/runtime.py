@@ -108,6 +108,7 @@ class PrunerRuntime:
     physical_to_logical: Any = None  # callable(layer_id) -> Tensor [P] or None
     runner: Any = None  # the target ModelRunner
     reporter: Any = None  # MetricsReporter
+    recorder: Any = None  # TraceRecorder, with --moe-pruner-trace-dir
     scope: ForwardScope | None = None
     call: LayerCall | None = None
     # verify graphs with vote weights: padded token count -> [T] bool, refilled before each replay

@@ -27,7 +27,9 @@ from ..config import PHASES, PrunerConfig
 
 ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
 DEFAULT_LOG_INTERVAL = 200
-PLUGIN_FIELDS = ("log_interval",)
+DEFAULT_TRACE_EVERY = 16
+DEFAULT_TRACE_MAX_MB = 512
+PLUGIN_FIELDS = ("log_interval", "trace_dir", "trace_every", "trace_max_mb")
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,37 @@ class PluginSettings:
     log_interval : int
         Read the per-layer metrics from the device every this many target forwards in a pruned
         phase, log one line and update the Prometheus gauges; 0 turns both off.
+    trace_dir : str or None
+        Record router logits of sampled decode / verify forwards into this folder as
+        ``xshare-trace`` files (see ``xshare_sglang.replay.trace``); None records nothing.
+    trace_every : int
+        Record one eligible forward in this many (>= 1).
+    trace_max_mb : int
+        Stop recording once the folder's trace files reach this many MiB (>= 1).
     """
 
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     log_interval: int = DEFAULT_LOG_INTERVAL
+    trace_dir: str | None = None
+    trace_every: int = DEFAULT_TRACE_EVERY
+    trace_max_mb: int = DEFAULT_TRACE_MAX_MB
     phase_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     _phase_configs: dict[str, PrunerConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.log_interval, bool) or not isinstance(self.log_interval, int) or self.log_interval < 0:
             raise ValueError(f"log_interval={self.log_interval!r} is invalid: must be an integer >= 0")
+        for name in ("trace_every", "trace_max_mb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1")
+        if self.trace_dir is not None and (not isinstance(self.trace_dir, str) or not self.trace_dir):
+            raise ValueError(f"trace_dir={self.trace_dir!r} is invalid: must be a folder path")
+        if self.trace_dir is None and (self.trace_every, self.trace_max_mb) != (
+            DEFAULT_TRACE_EVERY,
+            DEFAULT_TRACE_MAX_MB,
+        ):
+            raise ValueError("trace_every=/trace_max_mb= have no effect without trace_dir: set trace_dir too")
         overrides = {}
         for phase, delta in dict(self.phase_overrides).items():
             if phase not in PHASES:
@@ -90,6 +113,11 @@ class PluginSettings:
         """Some phase runs a policy other than ``none``."""
         return any(cfg.policy != "none" for cfg in self._phase_configs.values())
 
+    @property
+    def active(self) -> bool:
+        """The plugin has work in this server: pruning in some phase, or trace recording."""
+        return self.enabled or self.trace_dir is not None
+
     def summary(self) -> str:
         """The base config, then each phase whose config differs from it, for logs."""
         text = self.pruner.summary()
@@ -100,6 +128,8 @@ class PluginSettings:
 
     def to_dict(self) -> dict[str, Any]:
         out = {**self.pruner.to_dict(), "log_interval": self.log_interval}
+        if self.trace_dir is not None:
+            out.update(trace_dir=self.trace_dir, trace_every=self.trace_every, trace_max_mb=self.trace_max_mb)
         out.update({phase: dict(delta) for phase, delta in self.phase_overrides.items()})
         return out
 

@@ -7,7 +7,8 @@ How: for the target ModelRunner, publish the forward's phase, its config and tok
 EAGLE verify, plus the draft nodes' vote weights when depth decay is on, computed only if a layer
 call asks) for the duration of the call; every row of an eager forward is real (SGLang's own
 ``num_token_non_padded`` is used where it provides one).  Replayed CUDA graphs carry the scope they
-were captured with.  After a pruned forward, count it for the periodic metrics report.
+were captured with.  After a pruned forward, count it for the periodic metrics report.  With
+``--moe-pruner-trace-dir``, tell the trace recorder where a forward starts and ends.
 Remove when: SGLang exposes the ForwardBatch (or mode and layout) in its forward context.
 """
 
@@ -31,9 +32,25 @@ def hook(original, self, forward_batch, *args, **kwargs):
         scope = None
     previous = runtime.enter(scope)
     pruned = runtime.pruning_phase()
+    recorder = runtime.recorder
+    if recorder is not None:
+        try:
+            recorder.start_forward(
+                scope.phase if scope is not None else None,
+                getattr(forward_batch, "req_pool_indices", None),
+                scope.tokens_per_request if scope is not None else 1,
+            )
+        except Exception as exc:  # the forward is not recorded
+            recorder.current = None
+            runtime.record_fault("the trace recorder", exc)
     try:
         return original(self, forward_batch, *args, **kwargs)
     finally:
+        if recorder is not None:
+            try:
+                recorder.finish_forward()
+            except Exception as exc:
+                runtime.record_fault("the trace recorder", exc)
         runtime.leave(previous)
         if pruned and runtime.reporter is not None:
             runtime.reporter.on_pruned_forward()

@@ -59,7 +59,7 @@ def hook(result, self, *args, **kwargs):
     if self.is_draft_worker:
         return None
     settings = settings_from_env()
-    if settings is None or not settings.enabled:
+    if settings is None or not settings.active:
         return None
     from sglang.srt.runtime_context import get_parallel
 
@@ -73,12 +73,14 @@ def hook(result, self, *args, **kwargs):
     runtime.reporter = MetricsReporter(
         runtime, prometheus=_metrics_enabled(), labels={"tp_rank": str(getattr(self, "tp_rank", 0))}
     )
+    if settings.trace_dir is not None:
+        runtime.recorder = _trace_recorder(settings, runtime, self)
     set_runtime(runtime)
     self.capture_head_hooks.append(capture_head)
     self.capture_tail_hooks.append(capture_tail)
     logger.info(
         "moe-pruner active: policy=%s config=%s layers=%d hooks=[%s]",
-        ",".join(sorted({cfg.policy for cfg in settings.phase_configs().values()} - {"none"})),
+        ",".join(sorted({cfg.policy for cfg in settings.phase_configs().values()} - {"none"})) or "none",
         settings.summary(),
         len(runtime.layers),
         ", ".join(
@@ -86,6 +88,54 @@ def hook(result, self, *args, **kwargs):
         ),
     )
     return None
+
+
+def _trace_recorder(settings, runtime, runner):
+    """The recorder of ``--moe-pruner-trace-dir``, described by the model's first MoE layer."""
+    from ...replay.trace import TraceMeta
+    from ..model_layers import expert_bytes_by_layer
+    from ..trace_recorder import TraceRecorder
+
+    states = sorted(runtime.layers.values(), key=lambda state: state.row)
+    sizes = expert_bytes_by_layer(runner.model)
+    server_args = _server_args()
+    meta = TraceMeta(
+        model=str(getattr(server_args, "model_path", None) or type(runner.model).__name__),
+        num_layers=len(states),
+        num_experts=states[0].num_experts,
+        top_k=states[0].top_k,
+        expert_bytes=tuple(sizes.get(state.layer_id, 0) for state in states),
+        scoring=states[0].scoring if states[0].scoring in ("softmax", "sigmoid") else "softmax",
+        renormalize=bool(getattr(states[0].topk_config, "renormalize", True)),
+    )
+    recorder = TraceRecorder(
+        settings.trace_dir,
+        meta,
+        every=settings.trace_every,
+        max_bytes=settings.trace_max_mb * 2**20,
+        rank=int(getattr(runner, "tp_rank", 0) or 0),
+    )
+    logger.info(
+        "moe-pruner: recording router logits of 1 in %d eager decode/verify forwards into %s (up to %d MiB)",
+        settings.trace_every,
+        settings.trace_dir,
+        settings.trace_max_mb,
+    )
+    if server_args is not None and not getattr(server_args, "disable_cuda_graph", True):
+        logger.warning(
+            "moe-pruner: CUDA graphs are on, so decode forwards replayed from a graph are not recorded; "
+            "add --disable-cuda-graph to a recording run"
+        )
+    return recorder
+
+
+def _server_args():
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return get_server_args()
+    except Exception:  # no published server args (tests, offline use)
+        return None
 
 
 def _metrics_enabled() -> bool:

@@ -2,8 +2,9 @@
 
 Why: the masking and rewrite points below it see neither the layer nor the TopK config; this is
 the one routing entry every STANDARD MoE layer goes through, with both.
-How: open a "layer call" in the runtime when the target model is being pruned (the config object
-identifies the target model's layers, so the draft model's are never touched), run SGLang's
+How: hand the router logits to the trace recorder when a recorded forward is running (before any
+masking); open a "layer call" in the runtime when the target model is being pruned (the config
+object identifies the target model's layers, so the draft model's are never touched), run SGLang's
 function unchanged, close the call.
 Remove when: SGLang routes through a pluggable TopK whose subclass can carry this state.
 """
@@ -21,6 +22,8 @@ def hook(original, *args, **kwargs):
     if runtime is None:
         return original(*args, **kwargs)
     topk_config = kwargs["topk_config"] if "topk_config" in kwargs else args[2]
+    if runtime.recorder is not None and runtime.recorder.current is not None:
+        _record(runtime, topk_config, kwargs["router_logits"] if "router_logits" in kwargs else args[1])
     call = runtime.begin_call(topk_config, kwargs.get("num_token_non_padded"))
     if call is None:
         return original(*args, **kwargs)
@@ -28,3 +31,15 @@ def hook(original, *args, **kwargs):
         return original(*args, **kwargs)
     finally:
         runtime.end_call()
+
+
+def _record(runtime, topk_config, router_logits) -> None:
+    """Hand the unpruned router logits of a target-model layer to the trace recorder."""
+    layer = runtime.layers.get(id(topk_config))
+    if layer is None or layer.topk_config is not topk_config:
+        return
+    try:
+        runtime.recorder.record(layer.row, router_logits)
+    except Exception as exc:  # the forward goes on; this sample is incomplete and dropped
+        runtime.recorder.current = None
+        runtime.record_fault("the trace recorder", exc)

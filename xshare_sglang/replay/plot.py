@@ -1,0 +1,58 @@
+"""Pareto plots of the offline tools: modeled MoE speed-up against retained gating mass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (higher is better on both),
+    ordered by the first coordinate."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((ox >= x and oy >= y) and (ox > x or oy > y) for j, (ox, oy) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def plot_pareto(panels: dict[str, list[dict]], path: str | Path, title: str) -> Path:
+    """Write one PNG with a panel per batch shape.
+
+    Parameters
+    ----------
+    panels : dict of str to list of dict
+        Panel title -> points, each ``{"label": str, "retained_mass": float in [0, 1],
+        "speedup": float}``.
+    path : str or Path
+        Where the PNG goes.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    count = max(1, len(panels))
+    fig, axes = plt.subplots(1, count, figsize=(4.2 * count, 3.8), dpi=100, squeeze=False)
+    for ax, (panel, points) in zip(axes[0], panels.items(), strict=False):
+        xy = [(100 * p["retained_mass"], p["speedup"]) for p in points]
+        policies = sorted({p["label"].split(" ")[0] for p in points})
+        colors = {name: f"C{i % 10}" for i, name in enumerate(policies)}
+        for (x, y), p in zip(xy, points, strict=True):
+            ax.scatter(x, y, color=colors[p["label"].split(" ")[0]], s=18, zorder=3)
+        for name in policies:
+            ax.scatter([], [], color=colors[name], label=name)
+        front = pareto_front(xy)
+        ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], color="gray", lw=1, ls="--", zorder=2)
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel("retained gating mass (%)")
+        ax.set_ylabel("modeled MoE speed-up (x)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -280,3 +280,15 @@ def test_trace_folder_reads_as_one_trace(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no xshare-trace files"):
         load_trace_dir(tmp_path / "empty")
+
+
+def test_convert_command(tmp_path, capsys) -> None:
+    source = tmp_path / "tiny.route.csv"
+    source.write_text(TINY)
+    out = tmp_path / "tiny.pt"
+    assert main(["convert", str(source), str(out)]) == 0
+    assert "4 layer calls" in capsys.readouterr().out
+    converted = token_table(load_trace(out))
+    assert torch.equal(converted.natural_ids, load_route_csv(source).ids)
+    with pytest.raises(SystemExit):
+        main(["convert", str(source), str(out), "--phase", "warmup"])

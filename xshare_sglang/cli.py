@@ -8,6 +8,7 @@ replay  replay routing traces (shipped, recorded from the tiny model, or your ow
         route CSV files) through the policies in single-load, mixed-load and speculative batches.
 verify  replay speculative verify batches (R requests x D draft tokens): batch-level against
         per-request policies, optionally with depth-decayed votes.
+convert turn a public route_trace v1 CSV file into an xshare-trace file.
 """
 
 from __future__ import annotations
@@ -58,17 +59,24 @@ def _demo(args: argparse.Namespace) -> int:
 
     from .replay.plot import plot_pareto
     from .replay.tiny_demo import DemoSettings, demo_configs, run_demo
-    from .replay.tiny_model import DOMAINS
+    from .replay.tiny_model import DOMAINS, tiny_model_dir
 
     console = _console()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = DemoSettings.quick() if args.quick else DemoSettings()
-    configs = _configs_file(args.configs) if args.configs else demo_configs(4, 32, quick=args.quick)
+    model_dir = Path(args.model) if args.model else tiny_model_dir()
+    try:
+        model_config = json.loads((model_dir / "config.json").read_text())
+        top_k, num_experts = model_config["num_experts_per_tok"], model_config["num_experts"]
+    except (OSError, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--model {model_dir}: not a Qwen3-MoE checkpoint folder ({exc})") from None
+    configs = _configs_file(args.configs) if args.configs else demo_configs(top_k, num_experts, quick=args.quick)
     if configs[0].policy != "none":
         configs = [PrunerConfig(policy="none"), *configs]
     console.print(
-        f"[bold]tiny-qwen3-moe[/bold] (4 layers, 32 experts, top-4): {3 * settings.prompts_per_domain} prompts "
+        f"[bold]{model_dir.name}[/bold] ({model_config['num_hidden_layers']} layers, {num_experts} experts, "
+        f"top-{top_k}): {3 * settings.prompts_per_domain} prompts "
         f"(code, math, prose) x {settings.new_tokens} greedy tokens, and {3 * settings.windows_per_domain} "
         f"held-out windows x {settings.window_tokens} tokens scored one decode step at a time"
     )
@@ -77,7 +85,7 @@ def _demo(args: argparse.Namespace) -> int:
         rows = run_demo(
             configs,
             settings=settings,
-            model_dir=args.model,
+            model_dir=model_dir,
             trace_path=out / "tiny_moe.decode.trace.pt",
             on_config_done=lambda: progress.advance(task),
         )
@@ -264,6 +272,19 @@ def _verify(args: argparse.Namespace) -> int:
     return _replay_tables(args, verify_configs)
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from .replay import load_route_csv, trace_from_route_csv
+
+    trace = trace_from_route_csv(load_route_csv(args.source, phase=args.phase))
+    path = trace.save(args.out)
+    meta = trace.meta
+    _console().print(
+        f"wrote {path}: {meta.model}, {len(trace.calls)} layer calls ({meta.num_layers} layers, E={meta.num_experts}, "
+        f"top-k={meta.top_k}, top-k ids and weights only)"
+    )
+    return 0
+
+
 def _add_replay_arguments(parser: argparse.ArgumentParser, *, default_shapes: tuple[str, ...], traces: list[str]):
     """The options every trace-replay subcommand takes."""
     parser.add_argument(
@@ -313,6 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_replay_arguments(verify, default_shapes=VERIFY_SHAPES, traces=["gptoss", "gemma"])
     verify.set_defaults(handler=_verify, scenario="single")
+
+    convert = sub.add_parser("convert", help="convert a route_trace v1 CSV file into an xshare-trace file")
+    convert.add_argument("source", help="route_trace v1 CSV file")
+    convert.add_argument("out", help="xshare-trace file to write (.pt)")
+    convert.add_argument("--phase", default="decode", help="which steps to keep: decode or prefill (default: decode)")
+    convert.set_defaults(handler=_convert)
     return parser
 
 

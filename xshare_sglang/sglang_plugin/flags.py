@@ -175,28 +175,25 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"log and export pruning metrics every N pruned forwards, 0 = never (default: {DEFAULT_LOG_INTERVAL})",
     )
-    group.add_argument(
-        TRACE_FLAGS["trace_dir"],
-        default=None,
-        metavar="DIR",
-        help="record the router logits of sampled eager decode/verify forwards into DIR as xshare-trace files "
-        "for `xshare-sglang replay` (works with --moe-pruner none; CUDA-graph replays are not recorded, so "
-        "add --disable-cuda-graph to record decode)",
+    trace_options = (
+        (
+            "trace_dir",
+            str,
+            "DIR",
+            "record the router logits of sampled eager decode/verify forwards into DIR as xshare-trace files for "
+            "`xshare-sglang replay` (works with --moe-pruner none; CUDA-graph replays are not recorded, so add "
+            "--disable-cuda-graph to record decode)",
+        ),
+        ("trace_every", _positive_int, "N", f"record one eligible forward in N (default: {DEFAULT_TRACE_EVERY})"),
+        (
+            "trace_max_mb",
+            _positive_int,
+            "MB",
+            f"stop recording when the trace files reach MB MiB (default: {DEFAULT_TRACE_MAX_MB})",
+        ),
     )
-    group.add_argument(
-        TRACE_FLAGS["trace_every"],
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help=f"record one eligible forward in N (default: {DEFAULT_TRACE_EVERY})",
-    )
-    group.add_argument(
-        TRACE_FLAGS["trace_max_mb"],
-        type=_positive_int,
-        default=None,
-        metavar="MB",
-        help=f"stop recording when the trace files reach MB MiB (default: {DEFAULT_TRACE_MAX_MB})",
-    )
+    for field, kind, metavar, text in trace_options:
+        group.add_argument(TRACE_FLAGS[field], type=kind, default=None, metavar=metavar, help=text)
 
 
 def flag_for_field(field: str) -> str:

@@ -68,8 +68,10 @@ def _demo(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else tiny_model_dir()
     try:
         model_config = json.loads((model_dir / "config.json").read_text())
-        top_k, num_experts = model_config["num_experts_per_tok"], model_config["num_experts"]
-    except (OSError, KeyError, json.JSONDecodeError) as exc:
+        # transformers 5 writes Qwen3-MoE's expert count as num_local_experts
+        num_experts = model_config.get("num_experts", model_config.get("num_local_experts"))
+        top_k, num_experts = model_config["num_experts_per_tok"], int(num_experts)
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise ValueError(f"--model {model_dir}: not a Qwen3-MoE checkpoint folder ({exc})") from None
     configs = _configs_file(args.configs) if args.configs else demo_configs(top_k, num_experts, quick=args.quick)
     if configs[0].policy != "none":

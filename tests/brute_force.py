@@ -110,7 +110,8 @@ def select(
         return [True] * num_experts
     rows = clean_rows(logits)
     n = num_tokens if num_valid_tokens is None else max(0, min(num_valid_tokens, num_tokens))
-    weights = None if token_weights is None else [clean_weight(w) for w in token_weights]
+    # read as Python floats (a tensor element would keep float32 arithmetic in the products below)
+    weights = None if token_weights is None else [clean_weight(float(w)) for w in token_weights]
     real = list(range(n))
     tokens = real if weights is None else [t for t in real if weights[t] > 0]
     q = score_rows(rows, cfg.effective_score, scoring, top_k, weights)

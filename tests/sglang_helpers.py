@@ -40,3 +40,44 @@ def stand_in_experts(*, layer_id: int, num_experts: int, num_fused_shared_expert
     module.layer_id, module.num_experts = layer_id, num_experts + num_fused_shared_experts
     module.num_fused_shared_experts = num_fused_shared_experts
     return module
+
+
+def sglang_draft(batch: int, topk: int, num_steps: int, *, vocab: int = 50, seed: int = 0):
+    """``(score_list, token_list, parents_list)`` as SGLang's own draft step functions build them, from
+    random draft distributions."""
+    from sglang.srt.speculative import spec_utils
+
+    later = spec_utils._select_top_k_tokens_later
+    later = getattr(later, "__wrapped__", later)  # the torch.compile wrapper needs a compiler on CPU
+    gen = torch.Generator().manual_seed(seed)
+    lists = ([], [], [])
+    scores = None
+    for step in range(num_steps):
+        rows = batch if step == 0 else batch * topk
+        probs = (torch.randn(rows, vocab, generator=gen) * 2).softmax(-1)
+        topk_p, topk_index = probs.topk(topk, dim=-1)
+        if step == 0:
+            _, _, scores, tree_info = spec_utils._select_top_k_tokens_first(topk_p, topk_index, None, topk)
+        else:
+            _, _, scores, tree_info = later(step, topk_p, topk_index, None, scores, topk)
+        for out, item in zip(lists, tree_info, strict=True):
+            out.append(item)
+    return lists
+
+
+def build_tree_links(parent_list: torch.Tensor, top_scores_index: torch.Tensor, topk: int):
+    """``retrieve_next_token`` / ``retrieve_next_sibling`` as SGLang's ``build_tree_kernel_efficient``
+    links them (eagle.cuh: a node's parent is the root when ``index // topk == 0``, else the selected
+    node holding ``parent_list[index // topk]``; children are chained in increasing node order)."""
+    batch, slots = top_scores_index.shape
+    width = slots + 1
+    next_token = torch.full((batch, width), -1, dtype=torch.int64)
+    next_sibling = torch.full((batch, width), -1, dtype=torch.int64)
+    for b in range(batch):
+        selected = top_scores_index[b].tolist()
+        for node in range(width - 1, 0, -1):
+            owner = selected[node - 1] // topk
+            parent = 0 if owner == 0 else 1 + selected.index(int(parent_list[b, owner]))
+            next_sibling[b, node] = next_token[b, parent]
+            next_token[b, parent] = node
+    return next_token, next_sibling

@@ -46,6 +46,7 @@ def test_readme_documents_every_flag() -> None:
 
     from xshare_sglang.sglang_plugin.flags import (
         CONFIG_FLAG,
+        ECHO_FLAGS,
         FIELD_FLAGS,
         FLAG_PREFIX,
         LOG_INTERVAL_FLAG,
@@ -54,6 +55,6 @@ def test_readme_documents_every_flag() -> None:
     )
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    flags = [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, VERIFY_FLAG, *TRACE_FLAGS.values()]
+    flags = [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, VERIFY_FLAG, *TRACE_FLAGS.values(), *ECHO_FLAGS.values()]
     for flag in [*flags, *(spec.flag for spec in FIELD_FLAGS)]:
         assert f"`{flag} " in readme or f"`{flag}`" in readme or f"{flag} " in readme, flag

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from xshare_sglang.sglang_plugin.flags import FIELD_FLAGS, TRACE_FLAGS
+from xshare_sglang.sglang_plugin.flags import ECHO_FLAGS, FIELD_FLAGS, TRACE_FLAGS
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
 
 pytestmark = pytest.mark.sglang
@@ -52,6 +52,7 @@ def test_launch_server_help_lists_every_flag() -> None:
         "--moe-pruner-log-interval",
         "--moe-pruner-verify",
         *TRACE_FLAGS.values(),
+        *ECHO_FLAGS.values(),
         *(s.flag for s in FIELD_FLAGS),
     ]
     for flag in flags:

@@ -9,6 +9,9 @@ replay  replay routing traces (shipped, recorded from the tiny model, or your ow
 verify  replay speculative verify batches (R requests x D draft tokens): batch-level against
         per-request policies, optionally with depth-decayed votes.
 convert turn a public route_trace v1 CSV file into an xshare-trace file.
+echo-calibrate
+        ECHO's gates from a log of draft confidences and accepted lengths (``--xshare-echo-log-dir``
+        or ``spec-eval``): per-depth AUC, Youden thresholds, sweet-spot depths -> calibration JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from .config import PrunerConfig
 from .replay.configs import DEFAULT_SHAPES, VERIFY_SHAPES
+from .replay.spec_eval import add_spec_eval_arguments, spec_eval_handler
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +291,43 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _echo_calibrate(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .spec.echo import calibrate, read_echo_log
+
+    records = read_echo_log(args.log)
+    calib = calibrate(records, auc_threshold=args.auc_threshold, min_samples=args.min_samples)
+    calib.save(args.out)
+    console = _console()
+    table = Table(
+        title=f"ECHO calibration: {calib.records} verify steps, {calib.num_steps} draft steps x top-{calib.topk}, "
+        f"{calib.num_draft_tokens} draft tokens"
+    )
+    for column in ("depth", "samples", "accepted", "AUC", "threshold", "Youden J", "TPR", "FPR", "gated"):
+        table.add_column(column, justify="right")
+    for row in calib.depths:
+        table.add_row(
+            str(row.depth),
+            str(row.samples),
+            f"{row.positives / row.samples:.1%}",
+            "n/a" if row.auc != row.auc else f"{row.auc:.3f}",
+            "none" if row.threshold == float("-inf") else f"{row.threshold:.4g}",
+            f"{row.youden_j:.3f}",
+            f"{row.tpr:.3f}",
+            f"{row.fpr:.3f}",
+            "yes" if row.gated else "",
+        )
+    console.print(table)
+    if not calib.gates:
+        console.print("no depth separates accepted from rejected drafts well enough: ECHO will not truncate")
+    console.print(
+        f"gates: {', '.join(f'depth {d} > {t:.4g}' for d, t in sorted(calib.gates.items())) or 'none'}; "
+        f"wrote {args.out}"
+    )
+    return 0
+
+
 def _add_replay_arguments(parser: argparse.ArgumentParser, *, default_shapes: tuple[str, ...], traces: list[str]):
     """The options every trace-replay subcommand takes."""
     parser.add_argument(
@@ -337,11 +378,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_arguments(verify, default_shapes=VERIFY_SHAPES, traces=["gptoss", "gemma"])
     verify.set_defaults(handler=_verify, scenario="single")
 
+    echo = sub.add_parser("echo-calibrate", help="ECHO gates from a log of draft confidences and acceptances")
+    echo.add_argument("log", nargs="+", help="ECHO log files or folders (*.jsonl)")
+    echo.add_argument("-o", "--out", default="echo_calibration.json", help="calibration file (default: %(default)s)")
+    echo.add_argument(
+        "--auc-threshold",
+        type=float,
+        default=0.75,
+        help="intermediate depths are gated when their AUC reaches this; the first and last drafted depths "
+        "when it beats 0.5 (default: %(default)s)",
+    )
+    echo.add_argument(
+        "--min-samples",
+        type=int,
+        default=20,
+        help="a depth needs this many accepted and rejected samples to be gated (default: %(default)s)",
+    )
+    echo.set_defaults(handler=_echo_calibrate)
+
     convert = sub.add_parser("convert", help="convert a route_trace v1 CSV file into an xshare-trace file")
     convert.add_argument("source", help="route_trace v1 CSV file")
     convert.add_argument("out", help="xshare-trace file to write (.pt)")
     convert.add_argument("--phase", default="decode", help="which steps to keep: decode or prefill (default: decode)")
     convert.set_defaults(handler=_convert)
+
+    spec_eval = sub.add_parser("spec-eval", help="ECHO budgets in real tree speculative decoding (tiny MoE, CPU)")
+    add_spec_eval_arguments(spec_eval)
+    spec_eval.set_defaults(handler=spec_eval_handler)
     return parser
 
 

@@ -47,14 +47,19 @@ def register() -> None:
     except ValueError as exc:
         logger.error("moe-pruner: %s", exc)
         raise SystemExit(2) from None
-    if settings is None or not settings.enabled or _auxiliary_process():
+    if settings is None or not settings.active or _auxiliary_process():
         return
-    for module in hooks.ROUTING_HOOKS:
+    wanted = ()
+    if settings.enabled or settings.trace_dir is not None:
+        wanted += hooks.ROUTING_HOOKS
+    if settings.echo_active:
+        wanted += hooks.ECHO_HOOKS
+    for module in wanted:
         HookRegistry.register(module.TARGET, module.hook, HookType(module.KIND))
     # Applied now rather than by SGLang right after the plugins ran, so that a hook that did not
     # apply is seen here, where failing is still possible.
     HookRegistry.apply_hooks()
-    missing = liveness.unhooked(hooks.ROUTING_HOOKS)
+    missing = liveness.unhooked(wanted)
     if missing:
         logger.error("moe-pruner: could not hook %s; refusing to run unpruned", ", ".join(missing))
         raise SystemExit(2)

@@ -13,12 +13,25 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import COVERAGES, PHASES, POLICIES, RANKINGS, SCOPES, SCORES, PrunerConfig
+from ..spec.echo.settings import DEFAULT_LOG_EVERY as DEFAULT_ECHO_LOG_EVERY
+from ..spec.echo.settings import DEFAULT_LOG_MAX_RECORDS as DEFAULT_ECHO_LOG_MAX_RECORDS
 from .settings import DEFAULT_LOG_INTERVAL, DEFAULT_TRACE_EVERY, DEFAULT_TRACE_MAX_MB, ENV_VAR, PluginSettings
 
 FLAG_PREFIX = "--moe-pruner"
 CONFIG_FLAG = "--moe-pruner-config"
 LOG_INTERVAL_FLAG = "--moe-pruner-log-interval"
 VERIFY_FLAG = "--moe-pruner-verify"
+#: ECHO's flags, named outside SGLang's ``--speculative-*`` space (an upstream proposal uses
+#: ``--speculative-echo-threshold``), so that neither can shadow the other.
+ECHO_FLAGS = {
+    "calibration": "--xshare-echo-calibration",
+    "budget": "--xshare-echo-budget",
+    "default_width": "--xshare-echo-default-width",
+    "max_width": "--xshare-echo-max-width",
+    "log_dir": "--xshare-echo-log-dir",
+    "log_every": "--xshare-echo-log-every",
+    "log_max_records": "--xshare-echo-log-max-records",
+}
 TRACE_FLAGS = {
     "trace_dir": "--moe-pruner-trace-dir",
     "trace_every": "--moe-pruner-trace-every",
@@ -48,6 +61,13 @@ def _real(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _positive_real(text: str) -> float:
+    value = _real(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def _phases(text: str) -> tuple[str, ...]:
@@ -194,6 +214,45 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
     for field, kind, metavar, text in trace_options:
         group.add_argument(TRACE_FLAGS[field], type=kind, default=None, metavar=metavar, help=text)
+    echo = parser.add_argument_group(
+        "ECHO draft-tree scheduling (xshare-sglang)",
+        "Elastic verification budget with sparse confidence gating for EAGLE/EAGLE3 trees "
+        "(--speculative-eagle-topk > 1). Within SGLang's fixed draft-token layout, nodes outside a "
+        "request's allocation are cut from its tree (never accepted) and cast no expert vote.",
+    )
+    echo_options = (
+        ("calibration", str, "PATH", "turn ECHO on with the gates of this `xshare-sglang echo-calibrate` file"),
+        (
+            "budget",
+            _positive_real,
+            "X",
+            "draft nodes per request per verify step, on average over the batch (default: "
+            "--speculative-num-draft-tokens minus 1, the static tree's count)",
+        ),
+        ("default_width", _positive_int, "N", "nodes per depth for requests that pass their gates (default: 1)"),
+        (
+            "max_width",
+            _positive_int,
+            "N",
+            "nodes at the truncation depth for requests that fail a gate (default: --speculative-eagle-topk)",
+        ),
+        (
+            "log_dir",
+            str,
+            "DIR",
+            "log sampled draft confidences and accepted lengths into DIR (JSON lines) for `xshare-sglang "
+            "echo-calibrate`; run it with ECHO off",
+        ),
+        ("log_every", _positive_int, "N", f"log one verify step in N (default: {DEFAULT_ECHO_LOG_EVERY})"),
+        (
+            "log_max_records",
+            _positive_int,
+            "N",
+            f"stop logging after N steps (default: {DEFAULT_ECHO_LOG_MAX_RECORDS})",
+        ),
+    )
+    for field, kind, metavar, text in echo_options:
+        echo.add_argument(ECHO_FLAGS[field], type=kind, default=None, metavar=metavar, help=text)
 
 
 def flag_for_field(field: str) -> str:
@@ -204,6 +263,8 @@ def flag_for_field(field: str) -> str:
         return LOG_INTERVAL_FLAG
     if field in TRACE_FLAGS:
         return TRACE_FLAGS[field]
+    if field.startswith("echo."):
+        return ECHO_FLAGS[field[len("echo.") :]]
     return f"{FLAG_PREFIX}-{field.replace('_', '-')}"
 
 
@@ -225,7 +286,11 @@ def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) ->
     verify_policy = getattr(args, "moe_pruner_verify", None)
     trace = {field: getattr(args, f"moe_pruner_{field}", None) for field in TRACE_FLAGS}
     trace = {k: v for k, v in trace.items() if v is not None}
-    nothing = policy is None and config_text is None and not explicit and log_interval is None and not trace
+    echo = {field: getattr(args, f"xshare_echo_{field}", None) for field in ECHO_FLAGS}
+    echo = {k: v for k, v in echo.items() if v is not None}
+    nothing = (
+        policy is None and config_text is None and not explicit and log_interval is None and not trace and not echo
+    )
     if base is None and nothing and verify_policy is None:
         return None
     merged: dict[str, Any] = base.to_dict() if base is not None else {}
@@ -240,12 +305,19 @@ def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) ->
     if log_interval is not None:
         merged["log_interval"] = log_interval
     merged.update(trace)
+    if echo:
+        merged["echo"] = {**merged.get("echo", {}), **echo}
     if verify_policy is not None:
         merged["verify"] = {**merged.get("verify", {}), "policy": verify_policy}
     try:
         return PluginSettings.from_dict(merged)
     except ValueError as exc:
         message = str(exc)
+        if message.startswith("echo."):
+            field = message[len("echo.") :].split("=", 1)[0]
+            if field in ECHO_FLAGS:
+                raise ValueError(f"{ECHO_FLAGS[field]}: {message[len('echo.') :]}") from None
+            raise ValueError(f"{CONFIG_FLAG}: {message}") from None
         if verify_policy is not None and message.startswith(("verify phase: ", "verify: ")):
             raise ValueError(f"{VERIFY_FLAG}: {message}") from None
         if message.startswith(tuple(f"{phase}{sep}" for phase in PHASES for sep in (" phase: ", ": "))):

@@ -13,6 +13,8 @@ only, e.g. ``xshare`` at decode and ``xshare-spec`` at speculative verify::
 
     {"policy": "xshare", "k0": 1, "budget": 8,
      "verify": {"policy": "xshare-spec", "request_budget": 2, "budget": 4}}
+
+The key ``echo`` holds the ECHO draft-tree scheduler's settings (:class:`EchoSettings`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import PHASES, PrunerConfig
+from ..spec.echo.settings import EchoSettings
 
 ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
 DEFAULT_LOG_INTERVAL = 200
@@ -49,6 +52,8 @@ class PluginSettings:
         Record one eligible forward in this many (>= 1).
     trace_max_mb : int
         Stop recording once the folder's trace files reach this many MiB (>= 1).
+    echo : EchoSettings
+        ECHO scheduling of EAGLE draft trees and its calibration log (off by default).
     """
 
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
@@ -57,6 +62,7 @@ class PluginSettings:
     trace_every: int = DEFAULT_TRACE_EVERY
     trace_max_mb: int = DEFAULT_TRACE_MAX_MB
     phase_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    echo: EchoSettings = field(default_factory=EchoSettings)
     _phase_configs: dict[str, PrunerConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,8 +121,13 @@ class PluginSettings:
 
     @property
     def active(self) -> bool:
-        """The plugin has work in this server: pruning in some phase, or trace recording."""
-        return self.enabled or self.trace_dir is not None
+        """The plugin has work in this server: pruning in some phase, trace recording, or ECHO."""
+        return self.enabled or self.trace_dir is not None or self.echo_active
+
+    @property
+    def echo_active(self) -> bool:
+        """ECHO schedules draft trees or logs their confidences."""
+        return self.echo.scheduling or self.echo.logging
 
     def summary(self) -> str:
         """The base config, then each phase whose config differs from it, for logs."""
@@ -124,6 +135,8 @@ class PluginSettings:
         for phase, cfg in self._phase_configs.items():
             if phase in self.phase_overrides:
                 text += f" | {phase}: {cfg.summary()}"
+        if self.echo_active:
+            text += " | echo: " + ", ".join(f"{k}={v}" for k, v in self.echo.to_dict().items())
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,6 +144,8 @@ class PluginSettings:
         if self.trace_dir is not None:
             out.update(trace_dir=self.trace_dir, trace_every=self.trace_every, trace_max_mb=self.trace_max_mb)
         out.update({phase: dict(delta) for phase, delta in self.phase_overrides.items()})
+        if self.echo.to_dict():
+            out["echo"] = self.echo.to_dict()
         return out
 
     def to_json(self) -> str:
@@ -140,8 +155,12 @@ class PluginSettings:
     def from_dict(cls, data: Mapping[str, Any]) -> PluginSettings:
         plugin = {k: data[k] for k in PLUGIN_FIELDS if k in data}
         overrides = {k: data[k] for k in PHASES if k in data}
-        pruner = {k: v for k, v in data.items() if k not in PLUGIN_FIELDS and k not in PHASES}
-        return cls(pruner=PrunerConfig.from_dict(pruner), phase_overrides=overrides, **plugin)
+        pruner = {k: v for k, v in data.items() if k not in PLUGIN_FIELDS and k not in PHASES and k != "echo"}
+        try:
+            echo = EchoSettings.from_dict(data.get("echo", {}))
+        except ValueError as exc:
+            raise ValueError(f"echo.{exc}" if not str(exc).startswith("echo") else str(exc)) from None
+        return cls(pruner=PrunerConfig.from_dict(pruner), phase_overrides=overrides, echo=echo, **plugin)
 
     @classmethod
     def load(cls, spec: str) -> PluginSettings:

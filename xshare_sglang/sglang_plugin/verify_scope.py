@@ -3,10 +3,10 @@
 Grouping is static: request i owns rows ``[i*D, (i+1)*D)``, D being the verify input's
 ``draft_token_num`` (eager) or the graph runner's captured width (CUDA graphs); the real-token count
 (``raw_bs * D`` on replay) already excludes padded requests.  Vote weights are built only when the
-verify config sets ``depth_decay``: from the positions (depth = position minus the root's) and from
-the tree links (nodes the root cannot reach never vote).  In a CUDA graph the weights are computed by
-recorded ops from the graph's static positions and a plugin buffer of acceptable nodes, which the
-``load_batch`` hook refills before each replay.
+verify config sets ``depth_decay`` or ECHO cuts draft trees: from the positions (depth = position
+minus the root's) and from the tree links (nodes the root cannot reach never vote).  In a CUDA
+graph the weights are computed by recorded ops from the graph's static positions and a plugin
+buffer of acceptable nodes, which the ``load_batch`` hook refills before each replay.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import torch
 
 from ..spec import acceptable_nodes, draft_depths, vote_weights
+from .echo_runtime import get_echo_runtime
 from .hooks.phases import phase_of
 from .runtime import ForwardScope, PrunerRuntime
 
@@ -35,6 +36,14 @@ def _ragged(runtime: PrunerRuntime, phase: str | None) -> bool:
             phase,
         )
     return True
+
+
+def _weighted_votes(cfg) -> bool:
+    """Draft nodes vote with weights: depth decay asked for, or ECHO cuts nodes out of the trees."""
+    if cfg.depth_decay is not None:
+        return True
+    echo = get_echo_runtime()
+    return echo is not None and echo.calibration is not None
 
 
 def tree_acceptable(spec_info, num_requests: int, tokens_per_request: int) -> torch.Tensor | None:
@@ -62,7 +71,7 @@ def eager_scope(runtime: PrunerRuntime, forward_batch) -> ForwardScope:
     if getattr(spec_info, "ragged_verify_layout", None) is not None and _ragged(runtime, phase):
         return ForwardScope(phase=phase, tokens_per_request=tokens_per_request, cfg=None)
     scope = ForwardScope(phase=phase, tokens_per_request=tokens_per_request, cfg=cfg)
-    if cfg is not None and cfg.depth_decay is not None:
+    if cfg is not None and _weighted_votes(cfg):
         positions, decay = forward_batch.positions, cfg.depth_decay
 
         def weights() -> torch.Tensor:
@@ -87,7 +96,7 @@ def graph_scope(runtime: PrunerRuntime, graph_runner, forward_batch) -> ForwardS
     if getattr(graph_runner, "ragged_verify_mode", False) and _ragged(runtime, phase):
         scope.cfg = None
         return scope
-    if cfg.depth_decay is not None:
+    if _weighted_votes(cfg):
         num_tokens = forward_batch.input_ids.shape[0]
         acceptable = runtime.acceptable_buffers.get(num_tokens)
         if acceptable is None:

@@ -6,6 +6,9 @@ replace, as ``HookType`` values) and ``hook``.
 from . import (
     decode_graph_load_batch,
     dispatch_transform_inputs,
+    eagle_build_verify_input,
+    eagle_organize_draft_results,
+    eagle_sample,
     model_runner_forward_raw,
     model_runner_init,
     server_args_add_cli_args,
@@ -26,3 +29,6 @@ ROUTING_HOOKS = (
     dispatch_transform_inputs,
     topk_post_process,
 )
+
+#: Registered where ECHO schedules draft trees or logs their confidences.
+ECHO_HOOKS = (eagle_organize_draft_results, eagle_build_verify_input, eagle_sample)

@@ -61,6 +61,10 @@ def hook(result, self, *args, **kwargs):
     settings = settings_from_env()
     if settings is None or not settings.active:
         return None
+    if settings.echo_active:
+        _start_echo(self)
+    if not settings.enabled and settings.trace_dir is None:
+        return None
     from sglang.srt.runtime_context import get_parallel
 
     from . import ROUTING_HOOKS
@@ -88,6 +92,30 @@ def hook(result, self, *args, **kwargs):
         ),
     )
     return None
+
+
+def _start_echo(runner) -> None:
+    """Prove the ECHO hooks are live, build the runtime and size its candidate buffers before the
+    draft CUDA graphs are captured."""
+    from ..echo_runtime import get_echo_runtime
+    from . import ECHO_HOOKS
+
+    missing = liveness.unhooked(ECHO_HOOKS)
+    if missing:
+        raise PrunerSetupError(f"xshare-echo: hooks not in place, refusing to start: {', '.join(missing)}")
+    echo = get_echo_runtime()
+    args = runner.server_args
+    steps, topk = args.speculative_num_steps, args.speculative_eagle_topk
+    if echo is not None and steps and topk and topk > 1:
+        rows = max(
+            int(getattr(args, "cuda_graph_max_bs", 0) or 0), int(getattr(args, "max_running_requests", 0) or 0), 1
+        )
+        echo.reserve(rows, steps, topk, runner.device)
+    logger.info(
+        "xshare-echo active: %s hooks=[%s]",
+        "scheduling" if echo is not None and echo.calibration is not None else "logging only",
+        ", ".join(module.TARGET.rsplit(".", 1)[-1] for module in ECHO_HOOKS),
+    )
 
 
 def _trace_recorder(settings, runtime, runner):

@@ -5,7 +5,8 @@ silently; and spawned scheduler processes must learn the config.
 How: read our flags from the argparse namespace, merge them over ``--moe-pruner-config`` and the
 environment, validate, and publish the result in ``XSHARE_MOE_PRUNER_CONFIG`` (inherited by every
 process SGLang spawns afterwards) and as the bookkeeping attribute ``ServerArgs._moe_pruner_config``
-(survives pickling).  An invalid value ends the launch with exit code 2 and a message naming the flag.
+(survives pickling).  An invalid value, or ECHO flags with a speculative configuration ECHO cannot
+serve, ends the launch with exit code 2 and a message naming the flag.
 Remove when: SGLang lets plugins declare fields of their own on ``ServerArgs``.
 """
 
@@ -41,6 +42,12 @@ def hook(result, cls, args, *rest, **kwargs):
         _usage_error(str(exc))
     if settings is None:
         return None
+    if settings.echo_active:
+        from ..echo_checks import echo_unsupported_reason
+
+        reason = echo_unsupported_reason(result, settings.echo)
+        if reason is not None:
+            _usage_error(reason)
     text = settings.to_json()
     os.environ[ENV_VAR] = text
     setattr(result, ATTRIBUTE, text)

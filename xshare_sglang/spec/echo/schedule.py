@@ -86,7 +86,7 @@ def echo_schedule(
     ----------
     confidence : Tensor, shape [R, S], float
         ``c[i, d]``: the highest path probability among request i's draft candidates at depth d
-        (:func:`~xshare_sglang.spec.echo.confidence.layer_confidence`).
+        (:func:`~xshare_sglang.spec.echo.candidates.layer_confidence`).
     gated : Tensor, shape [S], bool
         The depths where a gate is checked (the calibrated sweet spots).
     thresholds : Tensor, shape [S], float

@@ -1,0 +1,302 @@
+"""``xshare-sglang spec-eval``: ECHO's elastic budget in real tree speculative decoding, tiny MoE on CPU.
+
+The shipped tiny Qwen3-MoE is the target, a tiny dense Qwen3 (``data/tiny_draft``, same tokenizer)
+the draft.  Prompts come from the target's held-out texts, domains mixed in every batch: the first
+half of each domain's texts calibrates, the rest evaluates.
+
+1. calibration: static SGLang trees (D slots per request) on the calibration prompts, one ECHO log
+   record per verify step (``echo_log.jsonl``), then :func:`~xshare_sglang.spec.echo.calibrate`
+   (``echo_calibration.json``);
+2. evaluation: for every per-request budget b (``k_max = b x R``), static, echo and echo-ragged
+   (:mod:`.tiny_spec`) on the same evaluation batch: accepted draft tokens per request and step
+   (MAT), draft utilisation, verified nodes, the experts each verify policy would activate, and
+   whether the output equals the target's own greedy decoding (``spec_eval.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ..config import PrunerConfig
+from ..spec.echo import EchoCalibration, calibrate, read_echo_log
+from .tiny_demo import heldout_texts
+from .tiny_model import DOMAINS, load_tiny_model, tiny_model_dir
+from .tiny_spec import MODES, SpecRun, SpecSettings, greedy_reference, model_probs, policy_label, speculative_generate
+
+
+def default_draft_dir() -> Path:
+    return tiny_model_dir().parent / "tiny_draft"
+
+
+@dataclass(frozen=True)
+class SpecEvalSettings:
+    requests: int = 12
+    new_tokens: int = 48
+    num_steps: int = 5
+    topk: int = 4
+    num_draft_tokens: int = 8
+    budgets: tuple[int, ...] = (7, 4)
+    default_width: int = 1
+    max_width: int | None = None
+    calibration_batches: int = 2
+
+    @classmethod
+    def quick(cls) -> SpecEvalSettings:
+        return cls(requests=6, new_tokens=16, budgets=(4,), calibration_batches=1)
+
+    def spec(self) -> SpecSettings:
+        return SpecSettings(
+            num_steps=self.num_steps,
+            topk=self.topk,
+            num_draft_tokens=self.num_draft_tokens,
+            new_tokens=self.new_tokens,
+            default_width=self.default_width,
+            max_width=self.max_width or self.topk,
+        )
+
+    def validate(self) -> None:
+        candidates = self.topk + (self.num_steps - 1) * self.topk * self.topk
+        if self.num_steps < 1 or self.topk < 1 or not 2 <= self.num_draft_tokens <= candidates + 1:
+            raise ValueError(
+                f"--draft-tokens {self.num_draft_tokens} must lie in [2, {candidates + 1}] for "
+                f"--num-steps {self.num_steps} x --topk {self.topk} (at least 1 each)"
+            )
+        if self.requests < 1 or self.new_tokens < 1 or self.calibration_batches < 1:
+            raise ValueError("--requests, --new-tokens and --calibration-batches must be >= 1")
+        if not self.budgets or min(self.budgets) < 0:
+            raise ValueError(f"--budgets {self.budgets} must be non-negative draft nodes per request")
+
+
+def spec_eval_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
+    """The verify policies compared (activated experts only; the verify forward is never pruned)."""
+    return [
+        PrunerConfig(policy="none"),
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=1, budget=0),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k), scope="request"),
+    ]
+
+
+def _prompt(text: str) -> str:
+    cut = text.find("Answer:")
+    return text[: cut + len("Answer:")] if cut >= 0 else text[:160]
+
+
+def split_prompts(model_dir: Path) -> tuple[list[str], list[str]]:
+    """(calibration, evaluation) prompts: first / second half of each domain's held-out texts,
+    domains interleaved."""
+    halves = {}
+    for domain in DOMAINS:
+        texts = [_prompt(t) for t in heldout_texts(model_dir, domain)]
+        halves[domain] = (texts[: len(texts) // 2], texts[len(texts) // 2 :])
+
+    def interleave(part: int) -> list[str]:
+        lists = [halves[d][part] for d in DOMAINS]
+        return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
+
+    return interleave(0), interleave(1)
+
+
+def load_draft(path: str | Path, vocab_size: int):
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise ValueError(
+            f"--draft {path}: no draft model there (train one with scripts/train_tiny_draft.py, or pass a folder)"
+        )
+    draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    draft.eval()
+    if draft.config.vocab_size != vocab_size:
+        raise ValueError(f"--draft {path}: vocabulary {draft.config.vocab_size}, the target's is {vocab_size}")
+    return draft
+
+
+def run_spec_eval(
+    settings: SpecEvalSettings,
+    out: Path,
+    *,
+    model_dir: Path | None = None,
+    draft_dir: Path | None = None,
+    on_run=None,
+) -> tuple[dict, EchoCalibration]:
+    """The whole experiment (module doc); writes the log, calibration and ``spec_eval.json`` into ``out``.
+    Returns what ``spec_eval.json`` holds and the calibration."""
+    settings.validate()
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(model_dir) if model_dir else tiny_model_dir()
+    draft_dir = Path(draft_dir) if draft_dir else default_draft_dir()
+    target, tokenizer = load_tiny_model(model_dir)
+    next_probs = model_probs(load_draft(draft_dir, target.config.vocab_size))
+    cfg = target.config
+    configs = spec_eval_configs(cfg.num_experts_per_tok, cfg.num_experts)
+    spec = settings.spec()
+    calib_texts, eval_texts = split_prompts(model_dir)
+    r = settings.requests
+    if len(eval_texts) < r or len(calib_texts) < r:
+        raise ValueError(f"--requests {r}: only {len(calib_texts)} calibration / {len(eval_texts)} evaluation prompts")
+    encode = lambda texts: [tokenizer(t)["input_ids"] for t in texts]  # noqa: E731
+    log_path = out / "echo_log.jsonl"
+    runs: list[tuple[SpecRun, list[list[int]]]] = []
+    with open(log_path, "w") as log:
+        for batch in range(settings.calibration_batches):
+            texts = [calib_texts[(batch * r + i) % len(calib_texts)] for i in range(r)]
+            prompts = encode(texts)
+            run = speculative_generate(
+                target, next_probs, prompts, spec, mode="static", log=lambda line: log.write(line + "\n")
+            )
+            run.mode = "static (calibration)"
+            runs.append((run, prompts))
+            if on_run:
+                on_run(run)
+    calibration = calibrate(read_echo_log(log_path))
+    calibration.save(out / "echo_calibration.json")
+    prompts = encode(eval_texts[:r])
+    for budget in settings.budgets:
+        for mode in MODES:
+            run = speculative_generate(
+                target, next_probs, prompts, spec, mode=mode, k_max=budget * r, calibration=calibration, configs=configs
+            )
+            runs.append((run, prompts))
+            if on_run:
+                on_run(run)
+    # one greedy reference per prompt batch, as long as the longest output
+    references: dict[int, list[list[int]]] = {}
+    for run, batch_prompts in runs:
+        key = id(batch_prompts)
+        longest = max(map(len, run.outputs))
+        if key not in references or min(map(len, references[key])) < longest:
+            references[key] = greedy_reference(target, batch_prompts, longest)
+        run.exact = all(o == ref[: len(o)] for o, ref in zip(run.outputs, references[key], strict=True))
+    result = {
+        "settings": asdict(replace(settings, max_width=spec.max_width)),
+        "target": str(model_dir),
+        "draft": str(draft_dir),
+        "policies": [policy_label(c) for c in configs],
+        "calibration": calibration.to_dict(),
+        "calibration_runs": [run.summary() for run, _ in runs[: settings.calibration_batches]],
+        "runs": [run.summary() for run, _ in runs[settings.calibration_batches :]],
+        "seconds": time.perf_counter() - started,
+    }
+    (out / "spec_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result, calibration
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def add_spec_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="6 requests x 16 tokens, budget 4 (under a minute)")
+    parser.add_argument("--out", default="xshare-spec-eval", help="output folder (default: %(default)s)")
+    parser.add_argument("--num-steps", type=int, default=5, help="draft steps S (default: %(default)s)")
+    parser.add_argument("--topk", type=int, default=4, help="draft beam K (default: %(default)s)")
+    parser.add_argument("--draft-tokens", type=int, default=8, help="verify slots D per request, root included (8)")
+    parser.add_argument("--requests", type=int, help="concurrent requests R (default: 12, --quick 6)")
+    parser.add_argument("--new-tokens", type=int, help="tokens every request decodes (default: 48, --quick 16)")
+    parser.add_argument("--budgets", help="draft nodes per request, comma-separated; k_max = budget x R (7,4)")
+    parser.add_argument("--calibration-batches", type=int, help="batches of R calibration prompts (2, --quick 1)")
+    parser.add_argument("--default-width", type=int, default=1, help="ECHO nodes per depth (default: %(default)s)")
+    parser.add_argument("--max-width", type=int, help="ECHO width at the truncation depth (default: --topk)")
+    parser.add_argument("--draft", help="draft model folder (default: the package's data/tiny_draft)")
+    parser.add_argument("--model", help="target Qwen3-MoE folder (default: the shipped tiny model)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+
+
+def _calibration_table(calibration: EchoCalibration):
+    from rich.table import Table
+
+    table = Table(title=f"ECHO calibration: {calibration.records} verify steps", title_justify="left")
+    for column in ("depth", "samples", "accepted share", "AUC", "threshold", "J", "gated"):
+        table.add_column(column, justify="right")
+    for d in calibration.depths:
+        table.add_row(
+            str(d.depth),
+            str(d.samples),
+            f"{d.positives / max(d.samples, 1):.2f}",
+            "n/a" if math.isnan(d.auc) else f"{d.auc:.3f}",
+            f"{d.threshold:.4f}" if math.isfinite(d.threshold) else "none",
+            f"{d.youden_j:.3f}",
+            "yes" if d.gated else "no",
+        )
+    return table
+
+
+def _runs_table(result: dict):
+    from rich.table import Table
+
+    s = result["settings"]
+    table = Table(
+        title=f"tree speculative decoding, {s['requests']} requests x {s['new_tokens']} tokens, S={s['num_steps']} "
+        f"K={s['topk']} D={s['num_draft_tokens']} (means per verify step)",
+        title_justify="left",
+    )
+    columns = ["mode", "k_max", "MAT", "tokens/step", "utilization", "kept nodes", "slots"]
+    columns += [f"experts {p.split()[0]}" for p in result["policies"]] + ["steps", "exact"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
+    for row in result["runs"]:
+        table.add_row(
+            row["mode"],
+            str(row["k_max"]),
+            f"{row['mat']:.3f}",
+            f"{row['tokens_per_step']:.3f}",
+            f"{row['utilization']:.3f}",
+            f"{row['kept_nodes_per_step']:.1f}",
+            f"{row['slots_per_step']:.1f}",
+            *(f"{row['activated'][p]:.2f}" for p in result["policies"]),
+            str(row["steps"]),
+            "yes" if row["exact"] else "NO",
+        )
+    return table
+
+
+def spec_eval_handler(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 170))
+    base = SpecEvalSettings.quick() if args.quick else SpecEvalSettings()
+    try:
+        budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else base.budgets
+    except ValueError:
+        raise ValueError(f"--budgets {args.budgets!r} is invalid: give integers, e.g. --budgets 7,4") from None
+    settings = replace(
+        base,
+        requests=args.requests or base.requests,
+        new_tokens=args.new_tokens or base.new_tokens,
+        num_steps=args.num_steps,
+        topk=args.topk,
+        num_draft_tokens=args.draft_tokens,
+        budgets=budgets,
+        default_width=args.default_width,
+        max_width=args.max_width,
+        calibration_batches=args.calibration_batches or base.calibration_batches,
+    )
+    if args.threads < 1:
+        raise ValueError(f"--threads {args.threads} must be >= 1")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+
+    def progress(run: SpecRun) -> None:
+        console.print(f"  {run.mode:22s} k_max={run.k_max:4d}: {run.steps} steps, MAT {run.mat:.3f}")
+
+    result, calibration = run_spec_eval(settings, out, model_dir=args.model, draft_dir=args.draft, on_run=progress)
+    console.print(_calibration_table(calibration))
+    console.print(_runs_table(result))
+    console.print(
+        "MAT = accepted draft tokens per request and step (bonus excluded); utilization = accepted / depth of the "
+        "verified tree (deepest kept node); kept nodes / slots = draft nodes verified per step in the batch (slots "
+        "include cut ones); experts = distinct experts per verify layer call the policy would activate for the "
+        "voting rows (root + kept nodes): "
+        + "; ".join(result["policies"])
+        + "; exact = output equals the target's greedy decoding.\n"
+        f"wrote {out / 'echo_log.jsonl'}, {out / 'echo_calibration.json'}, {out / 'spec_eval.json'} "
+        f"({result['seconds']:.1f} s)"
+    )
+    return 0 if all(row["exact"] for row in result["runs"]) else 1

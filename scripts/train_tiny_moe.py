@@ -65,6 +65,14 @@ MODEL_CONFIG = dict(
 )
 
 
+def cosine_lr(step: int, *, peak: float, steps: int, warmup: int) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to 10% of it at ``steps``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def _eval_sets_dir(arg: str | None) -> Path:
     path = Path(arg) if arg else EVAL_SETS
     if not (path / "gsm8k_test.jsonl").exists():
@@ -348,10 +356,7 @@ def main() -> None:
     warmup = max(1, args.steps // 20)
 
     def lr_at(step: int) -> float:
-        if step < warmup:
-            return args.lr * (step + 1) / warmup
-        progress = (step - warmup) / max(1, args.steps - warmup)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        return cosine_lr(step, peak=args.lr, steps=args.steps, warmup=warmup)
 
     gen = torch.Generator().manual_seed(args.seed)
     log = {"train": [], "eval": []}

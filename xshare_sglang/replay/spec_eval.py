@@ -26,6 +26,7 @@ import torch
 
 from ..config import PrunerConfig
 from ..spec.echo import EchoCalibration, calibrate, read_echo_log
+from ..spec.echo.calibrate import DEFAULT_AUC_THRESHOLD
 from .tiny_demo import heldout_texts
 from .tiny_model import DOMAINS, load_tiny_model, tiny_model_dir
 from .tiny_spec import MODES, SpecRun, SpecSettings, greedy_reference, model_probs, policy_label, speculative_generate
@@ -46,6 +47,7 @@ class SpecEvalSettings:
     default_width: int = 1
     max_width: int | None = None
     calibration_batches: int = 2
+    auc_threshold: float = DEFAULT_AUC_THRESHOLD
 
     @classmethod
     def quick(cls) -> SpecEvalSettings:
@@ -156,7 +158,7 @@ def run_spec_eval(
             runs.append((run, prompts))
             if on_run:
                 on_run(run)
-    calibration = calibrate(read_echo_log(log_path))
+    calibration = calibrate(read_echo_log(log_path), auc_threshold=settings.auc_threshold)
     calibration.save(out / "echo_calibration.json")
     prompts = encode(eval_texts[:r])
     for budget in settings.budgets:
@@ -204,6 +206,12 @@ def add_spec_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration-batches", type=int, help="batches of R calibration prompts (2, --quick 1)")
     parser.add_argument("--default-width", type=int, default=1, help="ECHO nodes per depth (default: %(default)s)")
     parser.add_argument("--max-width", type=int, help="ECHO width at the truncation depth (default: --topk)")
+    parser.add_argument(
+        "--auc-threshold",
+        type=float,
+        default=DEFAULT_AUC_THRESHOLD,
+        help="calibration: AUC an intermediate depth needs to be gated (default: %(default)s)",
+    )
     parser.add_argument("--draft", help="draft model folder (default: the package's data/tiny_draft)")
     parser.add_argument("--model", help="target Qwen3-MoE folder (default: the shipped tiny model)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
@@ -276,6 +284,7 @@ def spec_eval_handler(args: argparse.Namespace) -> int:
         budgets=budgets,
         default_width=args.default_width,
         max_width=args.max_width,
+        auc_threshold=args.auc_threshold,
         calibration_batches=args.calibration_batches or base.calibration_batches,
     )
     if args.threads < 1:

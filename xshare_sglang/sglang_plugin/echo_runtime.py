@@ -43,6 +43,8 @@ from ..spec.echo.settings import EchoSettings
 logger = logging.getLogger(__name__)
 
 FAULT_LOG_SECONDS = 60.0
+#: Scheduled verify steps between two summary log lines (each line reads the device counters once).
+SUMMARY_EVERY_STEPS = 2000
 
 
 @dataclass
@@ -223,6 +225,18 @@ class EchoRuntime:
         self._count("requests", torch.tensor(num_requests, device=confidence.device))
         self._count("kept_nodes", plan.kept[:, 1:].sum())
         self._count("truncated", allocation.truncated.sum())
+        self.steps += 1
+        if self.steps % SUMMARY_EVERY_STEPS == 0:
+            stats = self.summary()
+            logger.info(
+                "xshare-echo: %d verify steps, %.2f allocated draft nodes per request (of %d slots), "
+                "%.1f%% of requests truncated by a gate, %d faults",
+                self.steps,
+                stats.get("kept_nodes_per_request", 0.0),
+                num_draft_tokens - 1,
+                100.0 * stats.get("truncated", 0) / max(stats.get("requests", 0), 1),
+                self.faults,
+            )
         return plan
 
     def cut(self, verify_input, plan: EchoPlan) -> None:

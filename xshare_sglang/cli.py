@@ -12,6 +12,9 @@ convert turn a public route_trace v1 CSV file into an xshare-trace file.
 echo-calibrate
         ECHO's gates from a log of draft confidences and accepted lengths (``--xshare-echo-log-dir``
         or ``spec-eval``): per-depth AUC, Youden thresholds, sweet-spot depths -> calibration JSON.
+spec-eval
+        tree speculative decoding of the tiny MoE with its tiny draft on CPU: SGLang's node choice
+        against ECHO at equal budgets (accepted tokens, utilization, verified nodes, experts).
 """
 
 from __future__ import annotations

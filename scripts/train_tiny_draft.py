@@ -30,9 +30,8 @@ import argparse
 import importlib.util
 import json
 import logging
-import platform
 import shutil
-import time
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -71,6 +70,7 @@ def load_target_trainer() -> ModuleType:
     """
     spec = importlib.util.spec_from_file_location("train_tiny_moe", SCRIPTS / "train_tiny_moe.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
     spec.loader.exec_module(module)
     return module
 
@@ -284,22 +284,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--target", type=Path, default=TARGET_DIR, help="folder of the target model")
-    parser.add_argument("--eval-sets", help="folder with gsm8k_test.jsonl and HumanEval.jsonl.gz")
-    parser.add_argument("--steps", type=int, default=2400)
-    parser.add_argument("--minutes", type=float, default=12.0, help="stop early after this much training time")
-    parser.add_argument("--stop-at", type=int, help="stop after this many steps, keeping the --steps schedule")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-per-domain", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    tm = load_target_trainer()
+    tm.add_run_arguments(parser, steps=2400, minutes=12.0, batch_per_domain=4, threads=1)
     parser.add_argument("--ce-weight", type=float, default=0.1, help="weight of cross-entropy on the text")
     parser.add_argument(
         "--no-init-from-target",
         action="store_true",
         help="start from random embeddings instead of the target's token embeddings and final norm",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--code-bytes", type=int, default=3_000_000)
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
@@ -308,7 +300,6 @@ def main() -> None:
 
     from xshare_sglang.replay.tiny_model import load_tiny_model
 
-    tm = load_target_trainer()
     domains = tm.DOMAINS
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -351,18 +342,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, args.steps // 20)
 
-    def lr_at(step: int) -> float:
-        return tm.cosine_lr(step, peak=args.lr, steps=args.steps, warmup=warmup)
-
-    gen = torch.Generator().manual_seed(args.seed)
-    log: dict = {"train": [], "eval": []}
-    recent: list[float] = []
-    time_limited = False
-    start = time.monotonic()
-    step = 0
-    for step in range(args.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
+    def forward(gen: torch.Generator):
         batch = tm.sample_batch(streams, args.batch_per_domain, args.seq_len, gen)
         inputs = batch[:, :-1]
         with torch.no_grad():
@@ -371,29 +351,20 @@ def main() -> None:
         kl = distillation_loss(logits, target_logits)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         loss = kl + args.ce_weight * ce
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        optimizer.step()
-        recent.append(kl.item())
-        if step % 25 == 0 or step == args.steps - 1:
-            entry = {"step": step, "loss": loss.item(), "kl": kl.item(), "ce": ce.item(), "lr": lr_at(step)}
-            entry["seconds"] = round(time.monotonic() - start, 1)
-            log["train"].append(entry)
-            logger.info("step %d kl %.3f ce %.3f (%.0f s)", step, entry["kl"], entry["ce"], entry["seconds"])
-        if step % 200 == 0 and step > 0:
-            numbers = {d: compare(draft, target, eval_windows[d][:16]) for d in domains}
-            log["eval"].append({"step": step, "windows": 16, **numbers})
-            logger.info("held-out agreement: %s", {d: round(v["agreement"], 3) for d, v in numbers.items()})
-            draft.train()
-        if args.stop_at is not None and step + 1 >= args.stop_at:
-            break
-        if time.monotonic() - start > args.minutes * 60:
-            logger.warning("time limit of %.1f minutes reached at step %d", args.minutes, step)
-            time_limited = True
-            break
-    train_seconds = time.monotonic() - start
-    steps_done = step + 1
+        return loss, kl, {"loss": loss, "kl": kl, "ce": ce}
+
+    def evaluate(step: int) -> dict:
+        numbers = {d: compare(draft, target, eval_windows[d][:16]) for d in domains}
+        logger.info("held-out agreement: %s", {d: round(v["agreement"], 3) for d, v in numbers.items()})
+        draft.train()
+        return {"step": step, "windows": 16, **numbers}
+
+    gen = torch.Generator().manual_seed(args.seed)
+    run = tm.run_training(
+        draft.parameters(), optimizer, args, warmup=warmup, gen=gen, forward=forward, evaluate=evaluate
+    )
+    log, recent, step = run.log, run.recent, run.steps_done - 1
+    steps_done, train_seconds = run.steps_done, run.train_seconds
 
     draft = draft.to(torch.bfloat16).float()  # measure the weights as they are shipped
     final = {d: compare(draft, target, eval_windows[d]) for d in domains}
@@ -414,22 +385,9 @@ def main() -> None:
             "draft_layers": config.num_hidden_layers,
             "target_layers": target.config.num_hidden_layers,
         },
-        steps=steps_done,
-        planned_steps=args.steps,
-        minutes=args.minutes,
-        stopped_by_time_limit=time_limited,
-        lr=args.lr,
-        warmup=warmup,
+        **tm.run_record(args, run, warmup=warmup, domains=domains, streams=streams, heldout=heldout),
         ce_weight=args.ce_weight,
         init=init,
-        seq_len=args.seq_len,
-        batch_per_domain=args.batch_per_domain,
-        seed=args.seed,
-        threads=args.threads,
-        train_seconds=round(train_seconds, 1),
-        tokens_seen=steps_done * len(domains) * args.batch_per_domain * args.seq_len,
-        python_version=platform.python_version(),
-        tokens={d: {"train": len(streams[d]), "heldout": len(heldout[d])} for d in domains},
         final={**final, "train_kl": sum(recent[-50:]) / len(recent[-50:])},
     )
     (args.out / "training_log.json").write_text(json.dumps(log, indent=1))

@@ -28,10 +28,13 @@ import gzip
 import json
 import logging
 import math
+import platform
 import random
 import shutil
 import sysconfig
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -71,6 +74,103 @@ def cosine_lr(step: int, *, peak: float, steps: int, warmup: int) -> float:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class TrainingRun:
+    """What :func:`run_training` leaves behind."""
+
+    log: dict
+    recent: list[float]  # the tracked number of every step
+    steps_done: int
+    train_seconds: float
+    time_limited: bool
+
+
+def run_training(
+    parameters,
+    optimizer: torch.optim.Optimizer,
+    args: argparse.Namespace,
+    *,
+    warmup: int,
+    gen: torch.Generator,
+    forward: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]],
+    evaluate: Callable[[int], dict],
+) -> TrainingRun:
+    """The loop both tiny-model scripts share.
+
+    Per step: :func:`cosine_lr`, ``forward(gen)`` -> (loss to backpropagate, the number tracked for the
+    final training figure, named numbers to log), an AdamW step with gradients clipped at norm 1.0; a
+    training-log entry every 25 steps and at the last; ``evaluate(step)`` every 200 steps, its entry
+    appended to the evaluation log; stops at ``--stop-at`` steps or after ``--minutes``.
+    """
+    parameters = list(parameters)  # clipped every step: a generator would be spent after the first
+    log: dict = {"train": [], "eval": []}
+    recent: list[float] = []
+    time_limited = False
+    start = time.monotonic()
+    step = 0
+    for step in range(args.steps):
+        lr = cosine_lr(step, peak=args.lr, steps=args.steps, warmup=warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, tracked, numbers = forward(gen)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        recent.append(tracked.item())
+        if step % 25 == 0 or step == args.steps - 1:
+            entry = {"step": step, **{name: float(value) for name, value in numbers.items()}, "lr": lr}
+            entry["seconds"] = round(time.monotonic() - start, 1)
+            log["train"].append(entry)
+            text = " ".join(f"{name} {entry[name]:.3f}" for name in numbers)
+            logger.info("step %d %s (%.0f s)", step, text, entry["seconds"])
+        if step % 200 == 0 and step > 0:
+            log["eval"].append(evaluate(step))
+        if args.stop_at is not None and step + 1 >= args.stop_at:
+            break
+        if time.monotonic() - start > args.minutes * 60:
+            logger.warning("time limit of %.1f minutes reached at step %d", args.minutes, step)
+            time_limited = True
+            break
+    return TrainingRun(log, recent, step + 1, time.monotonic() - start, time_limited)
+
+
+def add_run_arguments(
+    parser: argparse.ArgumentParser, *, steps: int, minutes: float, batch_per_domain: int, threads: int
+) -> None:
+    """The data, schedule and machine flags both tiny-model scripts take (what :func:`run_record` logs)."""
+    parser.add_argument("--eval-sets", help="folder with gsm8k_test.jsonl and HumanEval.jsonl.gz")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--minutes", type=float, default=minutes, help="stop early after this much training time")
+    parser.add_argument("--stop-at", type=int, help="stop after this many steps, keeping the --steps schedule")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-per-domain", type=int, default=batch_per_domain)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--code-bytes", type=int, default=3_000_000)
+    parser.add_argument("--threads", type=int, default=threads)
+
+
+def run_record(args: argparse.Namespace, run: TrainingRun, *, warmup: int, domains, streams, heldout) -> dict:
+    """The schedule, data and machine facts both scripts write into ``training_log.json``."""
+    return dict(
+        steps=run.steps_done,
+        planned_steps=args.steps,
+        minutes=args.minutes,
+        stopped_by_time_limit=run.time_limited,
+        lr=args.lr,
+        warmup=warmup,
+        seq_len=args.seq_len,
+        batch_per_domain=args.batch_per_domain,
+        seed=args.seed,
+        threads=args.threads,
+        train_seconds=round(run.train_seconds, 1),
+        tokens_seen=run.steps_done * len(domains) * args.batch_per_domain * args.seq_len,
+        python_version=platform.python_version(),
+        tokens={d: {"train": len(streams[d]), "heldout": len(heldout[d])} for d in domains},
+    )
 
 
 def _eval_sets_dir(arg: str | None) -> Path:
@@ -321,16 +421,7 @@ def plot_losses(out: Path, log: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--eval-sets", help="folder with gsm8k_test.jsonl and HumanEval.jsonl.gz")
-    parser.add_argument("--steps", type=int, default=3200)
-    parser.add_argument("--minutes", type=float, default=28.0, help="stop early after this much training time")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-per-domain", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--stop-at", type=int, help="stop after this many steps, keeping the --steps schedule")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--code-bytes", type=int, default=3_000_000)
-    parser.add_argument("--threads", type=int, default=2)
+    add_run_arguments(parser, steps=3200, minutes=28.0, batch_per_domain=8, threads=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
@@ -355,41 +446,20 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, args.steps // 20)
 
-    def lr_at(step: int) -> float:
-        return cosine_lr(step, peak=args.lr, steps=args.steps, warmup=warmup)
-
-    gen = torch.Generator().manual_seed(args.seed)
-    log = {"train": [], "eval": []}
-    start = time.monotonic()
-    step = 0
-    recent: list[float] = []
-    for step in range(args.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
+    def forward(gen: torch.Generator):
         batch = sample_batch(streams, args.batch_per_domain, args.seq_len, gen)
         out = model(input_ids=batch, labels=batch, output_router_logits=True)
         lm_loss = out.loss - config.router_aux_loss_coef * out.aux_loss
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        recent.append(lm_loss.item())
-        if step % 25 == 0 or step == args.steps - 1:
-            entry = {"step": step, "loss": float(lm_loss), "aux_loss": float(out.aux_loss), "lr": lr_at(step)}
-            entry["seconds"] = round(time.monotonic() - start, 1)
-            log["train"].append(entry)
-            logger.info("step %d loss %.3f aux %.3f (%.0f s)", step, entry["loss"], entry["aux_loss"], entry["seconds"])
-        if step % 200 == 0 and step > 0:
-            losses = {d: heldout_loss(model, heldout[d], args.seq_len, 32) for d in DOMAINS}
-            log["eval"].append({"step": step, "heldout_loss": losses})
-            logger.info("held-out: %s", {d: round(v, 3) for d, v in losses.items()})
-        if args.stop_at is not None and step + 1 >= args.stop_at:
-            break
-        if time.monotonic() - start > args.minutes * 60:
-            logger.warning("time limit of %.1f minutes reached at step %d", args.minutes, step)
-            break
-    train_seconds = time.monotonic() - start
-    steps_done = step + 1
+        return out.loss, lm_loss, {"loss": lm_loss, "aux_loss": out.aux_loss}
+
+    def evaluate(step: int) -> dict:
+        losses = {d: heldout_loss(model, heldout[d], args.seq_len, 32) for d in DOMAINS}
+        logger.info("held-out: %s", {d: round(v, 3) for d, v in losses.items()})
+        return {"step": step, "heldout_loss": losses}
+
+    gen = torch.Generator().manual_seed(args.seed)
+    run = run_training(model.parameters(), optimizer, args, warmup=warmup, gen=gen, forward=forward, evaluate=evaluate)
+    log, recent, step = run.log, run.recent, run.steps_done - 1
 
     final_losses = {d: heldout_loss(model, heldout[d], args.seq_len, 10_000) for d in DOMAINS}
     log["eval"].append({"step": step, "heldout_loss": final_losses})
@@ -403,27 +473,13 @@ def main() -> None:
             for doc in corpus[d]["heldout"]:
                 handle.write(json.dumps({"text": doc}) + "\n")
 
-    import platform
-
     copy_licences(eval_sets, args.out)
 
     log.update(
         model_config=MODEL_CONFIG,
         parameters=parameters,
-        steps=steps_done,
-        planned_steps=args.steps,
-        minutes=args.minutes,
-        lr=args.lr,
-        warmup=warmup,
-        seq_len=args.seq_len,
-        batch_per_domain=args.batch_per_domain,
-        seed=args.seed,
-        threads=args.threads,
-        train_seconds=round(train_seconds, 1),
-        tokens_seen=steps_done * len(DOMAINS) * args.batch_per_domain * args.seq_len,
-        python_version=platform.python_version(),
+        **run_record(args, run, warmup=warmup, domains=DOMAINS, streams=streams, heldout=heldout),
         bytes={d: sum(len(doc) for doc in corpus[d]["train"]) for d in DOMAINS},
-        tokens={d: {"train": len(streams[d]), "heldout": len(heldout[d])} for d in DOMAINS},
         expert_usage=usage,
         final={
             "heldout_loss": final_losses,

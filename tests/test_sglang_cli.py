@@ -34,6 +34,42 @@ def _python(code: str, env: dict | None = None, timeout: int = 300) -> subproces
     )
 
 
+def parse_in_fresh_process(cases: dict[str, list[str]]) -> dict[str, list]:
+    """SGLang's ``prepare_server_args`` (plugins loaded) on each argv, in one fresh interpreter.
+
+    Returns, per case, ``[exit code, stderr]`` when parsing stopped the launch and ``[None, the
+    published plugin config]`` when it succeeded.
+    """
+    code = f"""
+        import contextlib, io, json, os
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import prepare_server_args
+        load_plugins()
+        out = {{}}
+        for name, argv in {cases!r}.items():
+            os.environ.pop("{ENV_VAR}", None)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    prepare_server_args(["--model-path", "unused", *argv])
+                    out[name] = [None, os.environ.get("{ENV_VAR}", "")]
+                except SystemExit as exc:
+                    out[name] = [exc.code, err.getvalue()]
+        print("RESULT" + json.dumps(out))
+    """
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.split("RESULT", 1)[1])
+
+
+def assert_refused(report: dict[str, list], expected: dict[str, str]) -> None:
+    """Every expected case ended the launch with exit code 2 and its message fragment."""
+    for name, fragment in expected.items():
+        code, stderr = report[name]
+        assert code == 2, (name, stderr)
+        assert fragment in stderr, (name, stderr)
+
+
 def test_entry_point_is_registered() -> None:
     from importlib.metadata import entry_points
 
@@ -89,25 +125,7 @@ def test_parsing_errors_name_the_flag() -> None:
         "scope": ["--moe-pruner-scope", "tree"],
         "depth_decay": ["--moe-pruner", "xshare", "--moe-pruner-depth-decay", "0"],
     }
-    code = f"""
-        import contextlib, io, json
-        from sglang.srt.plugins import load_plugins
-        from sglang.srt.server_args import prepare_server_args
-        load_plugins()
-        out = {{}}
-        for name, argv in {cases!r}.items():
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err):
-                try:
-                    prepare_server_args(["--model-path", "unused", *argv])
-                    out[name] = [None, ""]
-                except SystemExit as exc:
-                    out[name] = [exc.code, err.getvalue()]
-        print("RESULT" + json.dumps(out))
-    """
-    result = _python(code)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.split("RESULT", 1)[1])
+    report = parse_in_fresh_process(cases)
     expected = {
         "k0": "argument --moe-pruner-k0: must be >= 0",
         "tau": "--moe-pruner-tau: PrunerConfig.tau=1.5 is invalid",
@@ -122,10 +140,7 @@ def test_parsing_errors_name_the_flag() -> None:
         "scope": "argument --moe-pruner-scope: invalid choice: 'tree'",
         "depth_decay": "--moe-pruner-depth-decay: PrunerConfig.depth_decay=0.0 is invalid",
     }
-    for name, fragment in expected.items():
-        code_, stderr = report[name]
-        assert code_ == 2, (name, stderr)
-        assert fragment in stderr, (name, stderr)
+    assert_refused(report, expected)
 
 
 def test_config_reaches_a_spawned_child(tmp_path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.sglang_helpers import build_tree_links, sglang_draft
-from tests.test_sglang_cli import _python
+from tests.test_sglang_cli import _python, assert_refused, parse_in_fresh_process
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
 from xshare_sglang.spec import acceptable_nodes
 from xshare_sglang.spec.echo import (
@@ -55,26 +55,7 @@ def test_start_up_refuses_what_echo_cannot_serve(tmp_path) -> None:
         "budget_alone": [*eagle, *shape, "--xshare-echo-budget", "3"],
         "width": [*eagle, *shape, "--xshare-echo-calibration", calib, "--xshare-echo-max-width", "0"],
     }
-    code = f"""
-        import contextlib, io, json, os
-        from sglang.srt.plugins import load_plugins
-        from sglang.srt.server_args import prepare_server_args
-        load_plugins()
-        out = {{}}
-        for name, argv in {cases!r}.items():
-            os.environ.pop("{ENV_VAR}", None)
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err):
-                try:
-                    prepare_server_args(["--model-path", "unused", *argv])
-                    out[name] = [None, os.environ.get("{ENV_VAR}", "")]
-                except SystemExit as exc:
-                    out[name] = [exc.code, err.getvalue()]
-        print("RESULT" + json.dumps(out))
-    """
-    result = _python(code)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.split("RESULT", 1)[1])
+    report = parse_in_fresh_process(cases)
     status, env = report["ok"]
     assert status is None and json.loads(env)["echo"] == {"calibration": calib, "budget": 4.0}
     expected = {
@@ -88,10 +69,7 @@ def test_start_up_refuses_what_echo_cannot_serve(tmp_path) -> None:
         "budget_alone": "--xshare-echo-budget: budget=/default_width=/max_width= have no effect without calibration",
         "width": "argument --xshare-echo-max-width: must be >= 1",
     }
-    for name, fragment in expected.items():
-        code_, stderr = report[name]
-        assert code_ == 2, (name, stderr)
-        assert fragment in stderr, (name, stderr)
+    assert_refused(report, expected)
 
 
 def test_register_applies_echo_hooks_without_routing_hooks(tmp_path) -> None:

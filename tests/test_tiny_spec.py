@@ -287,3 +287,16 @@ def test_spec_eval_cli_quick_end_to_end(tmp_path, draft_dir) -> None:
     records = (out / "echo_log.jsonl").read_text().splitlines()
     assert len(records) == result["calibration_runs"][0]["steps"]
     assert len(json.loads(records[0])["confidence"]) == 3
+
+
+def test_spec_settings_are_validated_once() -> None:
+    from xshare_sglang.replay.spec_eval import SpecEvalSettings
+
+    assert SpecSettings(topk=3).max_width == 3  # None means the draft top-k
+    with pytest.raises(ValueError, match=r"--draft-tokens 100 must lie in \[2, 69\]"):
+        SpecSettings(num_steps=5, topk=4, num_draft_tokens=100)
+    with pytest.raises(ValueError, match="--default-width 0"):
+        SpecSettings(default_width=0)
+    with pytest.raises(ValueError, match="--budgets"):
+        SpecEvalSettings(budgets=())
+    assert SpecEvalSettings.quick().spec.new_tokens == 16

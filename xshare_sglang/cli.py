@@ -295,33 +295,14 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _echo_calibrate(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from .spec.echo import calibrate, read_echo_log
+    from .spec.echo.report import calibration_table
 
     records = read_echo_log(args.log)
     calib = calibrate(records, auc_threshold=args.auc_threshold, min_samples=args.min_samples)
     calib.save(args.out)
     console = _console()
-    table = Table(
-        title=f"ECHO calibration: {calib.records} verify steps, {calib.num_steps} draft steps x top-{calib.topk}, "
-        f"{calib.num_draft_tokens} draft tokens"
-    )
-    for column in ("depth", "samples", "accepted", "AUC", "threshold", "Youden J", "TPR", "FPR", "gated"):
-        table.add_column(column, justify="right")
-    for row in calib.depths:
-        table.add_row(
-            str(row.depth),
-            str(row.samples),
-            f"{row.positives / row.samples:.1%}",
-            "n/a" if row.auc != row.auc else f"{row.auc:.3f}",
-            "none" if row.threshold == float("-inf") else f"{row.threshold:.4g}",
-            f"{row.youden_j:.3f}",
-            f"{row.tpr:.3f}",
-            f"{row.fpr:.3f}",
-            "yes" if row.gated else "",
-        )
-    console.print(table)
+    console.print(calibration_table(calib))
     if not calib.gates:
         console.print("no depth separates accepted from rejected drafts well enough: ECHO will not truncate")
     console.print(

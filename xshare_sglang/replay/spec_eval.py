@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +26,7 @@ import torch
 from ..config import PrunerConfig
 from ..spec.echo import EchoCalibration, calibrate, read_echo_log
 from ..spec.echo.calibrate import DEFAULT_AUC_THRESHOLD
+from ..spec.echo.report import calibration_table
 from .tiny_demo import heldout_texts
 from .tiny_model import DOMAINS, load_tiny_model, tiny_model_dir
 from .tiny_spec import MODES, SpecRun, SpecSettings, greedy_reference, model_probs, policy_label, speculative_generate
@@ -38,42 +38,23 @@ def default_draft_dir() -> Path:
 
 @dataclass(frozen=True)
 class SpecEvalSettings:
+    """The experiment around :class:`SpecSettings`: batch size, budgets and calibration."""
+
+    spec: SpecSettings = field(default_factory=SpecSettings)
     requests: int = 12
-    new_tokens: int = 48
-    num_steps: int = 5
-    topk: int = 4
-    num_draft_tokens: int = 8
     budgets: tuple[int, ...] = (7, 4)
-    default_width: int = 1
-    max_width: int | None = None
     calibration_batches: int = 2
     auc_threshold: float = DEFAULT_AUC_THRESHOLD
 
-    @classmethod
-    def quick(cls) -> SpecEvalSettings:
-        return cls(requests=6, new_tokens=16, budgets=(4,), calibration_batches=1)
-
-    def spec(self) -> SpecSettings:
-        return SpecSettings(
-            num_steps=self.num_steps,
-            topk=self.topk,
-            num_draft_tokens=self.num_draft_tokens,
-            new_tokens=self.new_tokens,
-            default_width=self.default_width,
-            max_width=self.max_width or self.topk,
-        )
-
-    def validate(self) -> None:
-        candidates = self.topk + (self.num_steps - 1) * self.topk * self.topk
-        if self.num_steps < 1 or self.topk < 1 or not 2 <= self.num_draft_tokens <= candidates + 1:
-            raise ValueError(
-                f"--draft-tokens {self.num_draft_tokens} must lie in [2, {candidates + 1}] for "
-                f"--num-steps {self.num_steps} x --topk {self.topk} (at least 1 each)"
-            )
-        if self.requests < 1 or self.new_tokens < 1 or self.calibration_batches < 1:
-            raise ValueError("--requests, --new-tokens and --calibration-batches must be >= 1")
+    def __post_init__(self) -> None:
+        if self.requests < 1 or self.calibration_batches < 1:
+            raise ValueError("--requests and --calibration-batches must be >= 1")
         if not self.budgets or min(self.budgets) < 0:
             raise ValueError(f"--budgets {self.budgets} must be non-negative draft nodes per request")
+
+    @classmethod
+    def quick(cls) -> SpecEvalSettings:
+        return cls(spec=SpecSettings(new_tokens=16), requests=6, budgets=(4,), calibration_batches=1)
 
 
 def spec_eval_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
@@ -130,7 +111,6 @@ def run_spec_eval(
 ) -> tuple[dict, EchoCalibration]:
     """The whole experiment (module doc); writes the log, calibration and ``spec_eval.json`` into ``out``.
     Returns what ``spec_eval.json`` holds and the calibration."""
-    settings.validate()
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     model_dir = Path(model_dir) if model_dir else tiny_model_dir()
@@ -139,7 +119,7 @@ def run_spec_eval(
     next_probs = model_probs(load_draft(draft_dir, target.config.vocab_size))
     cfg = target.config
     configs = spec_eval_configs(cfg.num_experts_per_tok, cfg.num_experts)
-    spec = settings.spec()
+    spec = settings.spec
     calib_texts, eval_texts = split_prompts(model_dir)
     r = settings.requests
     if len(eval_texts) < r or len(calib_texts) < r:
@@ -178,7 +158,7 @@ def run_spec_eval(
             references[key] = greedy_reference(target, batch_prompts, longest)
         run.exact = all(o == ref[: len(o)] for o, ref in zip(run.outputs, references[key], strict=True))
     result = {
-        "settings": asdict(replace(settings, max_width=spec.max_width)),
+        "settings": asdict(settings),
         "target": str(model_dir),
         "draft": str(draft_dir),
         "policies": [policy_label(c) for c in configs],
@@ -217,32 +197,13 @@ def add_spec_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
 
 
-def _calibration_table(calibration: EchoCalibration):
-    from rich.table import Table
-
-    table = Table(title=f"ECHO calibration: {calibration.records} verify steps", title_justify="left")
-    for column in ("depth", "samples", "accepted share", "AUC", "threshold", "J", "gated"):
-        table.add_column(column, justify="right")
-    for d in calibration.depths:
-        table.add_row(
-            str(d.depth),
-            str(d.samples),
-            f"{d.positives / max(d.samples, 1):.2f}",
-            "n/a" if math.isnan(d.auc) else f"{d.auc:.3f}",
-            f"{d.threshold:.4f}" if math.isfinite(d.threshold) else "none",
-            f"{d.youden_j:.3f}",
-            "yes" if d.gated else "no",
-        )
-    return table
-
-
 def _runs_table(result: dict):
     from rich.table import Table
 
-    s = result["settings"]
+    s, spec = result["settings"], result["settings"]["spec"]
     table = Table(
-        title=f"tree speculative decoding, {s['requests']} requests x {s['new_tokens']} tokens, S={s['num_steps']} "
-        f"K={s['topk']} D={s['num_draft_tokens']} (means per verify step)",
+        title=f"tree speculative decoding, {s['requests']} requests x {spec['new_tokens']} tokens, "
+        f"S={spec['num_steps']} K={spec['topk']} D={spec['num_draft_tokens']} (means per verify step)",
         title_justify="left",
     )
     columns = ["mode", "k_max", "MAT", "tokens/step", "utilization", "kept nodes", "slots"]
@@ -274,18 +235,20 @@ def spec_eval_handler(args: argparse.Namespace) -> int:
         budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else base.budgets
     except ValueError:
         raise ValueError(f"--budgets {args.budgets!r} is invalid: give integers, e.g. --budgets 7,4") from None
-    settings = replace(
-        base,
-        requests=args.requests or base.requests,
-        new_tokens=args.new_tokens or base.new_tokens,
+    spec = SpecSettings(
         num_steps=args.num_steps,
         topk=args.topk,
         num_draft_tokens=args.draft_tokens,
-        budgets=budgets,
+        new_tokens=args.new_tokens or base.spec.new_tokens,
         default_width=args.default_width,
         max_width=args.max_width,
-        auc_threshold=args.auc_threshold,
+    )
+    settings = SpecEvalSettings(
+        spec=spec,
+        requests=args.requests or base.requests,
+        budgets=budgets,
         calibration_batches=args.calibration_batches or base.calibration_batches,
+        auc_threshold=args.auc_threshold,
     )
     if args.threads < 1:
         raise ValueError(f"--threads {args.threads} must be >= 1")
@@ -296,7 +259,7 @@ def spec_eval_handler(args: argparse.Namespace) -> int:
         console.print(f"  {run.mode:22s} k_max={run.k_max:4d}: {run.steps} steps, MAT {run.mat:.3f}")
 
     result, calibration = run_spec_eval(settings, out, model_dir=args.model, draft_dir=args.draft, on_run=progress)
-    console.print(_calibration_table(calibration))
+    console.print(calibration_table(calibration))
     console.print(_runs_table(result))
     console.print(
         "MAT = accepted draft tokens per request and step (bonus excluded); utilization = accepted / depth of the "

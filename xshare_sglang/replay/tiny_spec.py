@@ -307,12 +307,34 @@ def activated_experts(
 
 @dataclass(frozen=True)
 class SpecSettings:
+    """The draft tree, the verify slots, ECHO's widths and the output length of one run.
+
+    ``max_width`` None means the draft top-k.  Invalid values raise ``ValueError`` naming the
+    ``spec-eval`` flag.
+    """
+
     num_steps: int = 5
     topk: int = 4
     num_draft_tokens: int = 8
     new_tokens: int = 48
     default_width: int = 1
     max_width: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1 or self.topk < 1:
+            raise ValueError(f"--num-steps {self.num_steps} and --topk {self.topk} must both be >= 1")
+        candidates = self.topk + (self.num_steps - 1) * self.topk * self.topk
+        if not 2 <= self.num_draft_tokens <= candidates + 1:
+            raise ValueError(
+                f"--draft-tokens {self.num_draft_tokens} must lie in [2, {candidates + 1}] for "
+                f"--num-steps {self.num_steps} x --topk {self.topk}"
+            )
+        if self.new_tokens < 1:
+            raise ValueError(f"--new-tokens {self.new_tokens} must be >= 1")
+        if self.max_width is None:
+            object.__setattr__(self, "max_width", self.topk)
+        if self.default_width < 1 or self.max_width < 1:
+            raise ValueError(f"--default-width {self.default_width} and --max-width {self.max_width} must both be >= 1")
 
 
 @dataclass

@@ -212,8 +212,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             f"stop recording when the trace files reach MB MiB (default: {DEFAULT_TRACE_MAX_MB})",
         ),
     )
-    for field, kind, metavar, text in trace_options:
-        group.add_argument(TRACE_FLAGS[field], type=kind, default=None, metavar=metavar, help=text)
+    _add_options(group, TRACE_FLAGS, trace_options)
     echo = parser.add_argument_group(
         "ECHO draft-tree scheduling (xshare-sglang)",
         "Elastic verification budget with sparse confidence gating for EAGLE/EAGLE3 trees "
@@ -251,8 +250,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             f"stop logging after N steps (default: {DEFAULT_ECHO_LOG_MAX_RECORDS})",
         ),
     )
-    for field, kind, metavar, text in echo_options:
-        echo.add_argument(ECHO_FLAGS[field], type=kind, default=None, metavar=metavar, help=text)
+    _add_options(echo, ECHO_FLAGS, echo_options)
+
+
+def _add_options(group, flags: dict[str, str], options) -> None:
+    """Add ``(field, type, metavar, help)`` rows as flags defaulting to None (only typed flags override)."""
+    for field, kind, metavar, text in options:
+        group.add_argument(flags[field], type=kind, default=None, metavar=metavar, help=text)
 
 
 def flag_for_field(field: str) -> str:

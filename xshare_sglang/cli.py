@@ -15,6 +15,9 @@ echo-calibrate
 spec-eval
         tree speculative decoding of the tiny MoE with its tiny draft on CPU: SGLang's node choice
         against ECHO at equal budgets (accepted tokens, utilization, verified nodes, experts).
+calibrate
+        per-layer expert counts from SGLang's expert-distribution recorder during a workload (or from
+        an existing dump) -> the static-ranking file of ``--moe-pruner-ranking static``.
 """
 
 from __future__ import annotations
@@ -389,6 +392,14 @@ def build_parser() -> argparse.ArgumentParser:
     spec_eval = sub.add_parser("spec-eval", help="ECHO budgets in real tree speculative decoding (tiny MoE, CPU)")
     add_spec_eval_arguments(spec_eval)
     spec_eval.set_defaults(handler=spec_eval_handler)
+
+    from .serving import static_calibration
+
+    calibrate = sub.add_parser(
+        "calibrate", help=static_calibration.CALIBRATE_HELP, epilog=static_calibration.CALIBRATE_EPILOG
+    )
+    static_calibration.add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(handler=static_calibration.calibrate_handler)
     return parser
 
 

@@ -129,6 +129,13 @@ class PluginSettings:
         """ECHO schedules draft trees or logs their confidences."""
         return self.echo.scheduling or self.echo.logging
 
+    def policy_names(self) -> str:
+        """The policies some phase runs, sorted and comma-joined ("none" when no phase prunes).
+
+        This is the ``policy=`` field of the plugin's proof-of-life log line, which the A/B tool checks.
+        """
+        return ",".join(sorted({cfg.policy for cfg in self._phase_configs.values()} - {"none"})) or "none"
+
     def summary(self) -> str:
         """The base config, then each phase whose config differs from it, for logs."""
         text = self.pruner.summary()

@@ -84,7 +84,7 @@ def hook(result, self, *args, **kwargs):
     self.capture_tail_hooks.append(capture_tail)
     logger.info(
         "moe-pruner active: policy=%s config=%s layers=%d hooks=[%s]",
-        ",".join(sorted({cfg.policy for cfg in settings.phase_configs().values()} - {"none"})) or "none",
+        settings.policy_names(),
         settings.summary(),
         len(runtime.layers),
         ", ".join(

@@ -16,6 +16,17 @@ def _pyplot():
     return plt
 
 
+def _save(fig, ax, title: str, path: Path) -> Path:
+    """Title, grid and legend, then write the PNG and close the figure."""
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
 def plot_throughput(summary: Summary, out_dir: Path) -> list[Path]:
     """One PNG per dataset: median output tok/s per arm against concurrency, with each arm's range."""
     plt = _pyplot()
@@ -38,14 +49,7 @@ def plot_throughput(summary: Summary, out_dir: Path) -> list[Path]:
         ax.minorticks_off()
         ax.set_xlabel("max concurrency (requests)")
         ax.set_ylabel("output tokens/s (median over repetitions)")
-        ax.set_title(f"{summary.model_path or ''}: {dataset}", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out_dir / f"throughput_{dataset}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, ax, f"{summary.model_path or ''}: {dataset}", out_dir / f"throughput_{dataset}.png"))
     return written
 
 
@@ -94,12 +98,6 @@ def plot_pareto(summary: Summary, out_dir: Path) -> list[Path]:
         ax.plot([p[1] for p in ordered], [p[2] for p in ordered], color="tab:red", alpha=0.5, label="Pareto front")
         ax.set_xlabel(f"output tokens/s at concurrency {concurrency} ({dataset})")
         ax.set_ylabel("GSM8K accuracy")
-        ax.set_title(f"{summary.model_path or ''}: throughput vs accuracy", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out_dir / f"pareto_{dataset}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        title = f"{summary.model_path or ''}: throughput vs accuracy"
+        written.append(_save(fig, ax, title, out_dir / f"pareto_{dataset}.png"))
     return written

@@ -248,21 +248,13 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _pct(spread: Spread) -> str:
+def _spread(spread: Spread, scale: float = 1.0, unit: str = "") -> str:
+    """``median[unit] [low, high] (n=pairs)``, values times ``scale``; a dash without pairs."""
     if spread.pairs == 0:
         return "–"
-    text = f"{100 * spread.median:+.1f}%"
+    text = f"{scale * spread.median:+.1f}{unit}"
     if spread.pairs > 1:
-        text += f" [{100 * spread.low:+.1f}, {100 * spread.high:+.1f}]"
-    return text + f" (n={spread.pairs})"
-
-
-def _points(spread: Spread) -> str:
-    if spread.pairs == 0:
-        return "–"
-    text = f"{spread.median:+.1f}"
-    if spread.pairs > 1:
-        text += f" [{spread.low:+.1f}, {spread.high:+.1f}]"
+        text += f" [{scale * spread.low:+.1f}, {scale * spread.high:+.1f}]"
     return text + f" (n={spread.pairs})"
 
 
@@ -301,8 +293,9 @@ def render_markdown(summary: Summary) -> str:
                 continue
             lines.append(
                 f"| {row.concurrency} | {_arm_label(row.arm, row.baseline)} | "
-                f"{_fmt(row.output_throughput)} | {_pct(row.throughput_delta)} | {_fmt(row.median_tpot_ms, 2)} | "
-                f"{_pct(row.tpot_delta)} | {_fmt(row.accept_length, 2)} | {_fmt(row.activated_experts)} |"
+                f"{_fmt(row.output_throughput)} | {_spread(row.throughput_delta, 100, '%')} | "
+                f"{_fmt(row.median_tpot_ms, 2)} | "
+                f"{_spread(row.tpot_delta, 100, '%')} | {_fmt(row.accept_length, 2)} | {_fmt(row.activated_experts)} |"
             )
     if summary.accuracy:
         lines += ["", "## Accuracy: GSM8K (SGLang's few-shot evaluation, shipped test split)", ""]
@@ -311,7 +304,7 @@ def render_markdown(summary: Summary) -> str:
         for row in summary.accuracy:
             lines.append(
                 f"| {_arm_label(row.arm, row.baseline)} | {_fmt(row.accuracy, 3)} | "
-                f"{_points(row.delta_points)} | {_fmt(row.invalid, 3)} | {row.repetitions} |"
+                f"{_spread(row.delta_points)} | {_fmt(row.invalid, 3)} | {row.repetitions} |"
             )
     lines += ["", "## Failures", ""]
     lines += [f"- {failure}" for failure in summary.failures] or ["None."]

@@ -158,6 +158,18 @@ class AbRunner:
             handle.write(json.dumps(row, default=str) + "\n")
         return row
 
+    def _record_run(self, session: Session, run: ClientRun, status: str, **fields: Any) -> None:
+        self._record(
+            session,
+            run.kind,
+            dataset=run.dataset,
+            concurrency=run.concurrency,
+            status=status,
+            argv=list(run.argv),
+            raw=str(run.output_path),
+            **fields,
+        )
+
     # ---------------------------------------------------------------- run
     def run(self) -> Path:
         """Run every session; returns the path of ``runs.jsonl``."""
@@ -288,32 +300,14 @@ class AbRunner:
             try:
                 metrics = self._run_client(run)
             except (ValueError, OSError, subprocess.SubprocessError) as exc:
-                wall = round(time.monotonic() - started, 1)
-                self._record(
-                    session,
-                    run.kind,
-                    dataset=run.dataset,
-                    concurrency=run.concurrency,
-                    status="failed",
-                    error=str(exc),
-                    wall_s=wall,
-                    argv=list(run.argv),
-                    raw=str(run.output_path),
-                )
+                self._record_run(session, run, "failed", error=str(exc), wall_s=round(time.monotonic() - started, 1))
                 self.echo(f"  {what}: FAILED ({exc})")
                 gone = server.exit_reason() if server is not None else None
                 if gone is None and server is None:
                     gone = wait_healthy(session.base_url, 30.0)
                 if gone is not None:
                     for later in session.runs[position + 1 :]:
-                        self._record(
-                            session,
-                            later.kind,
-                            dataset=later.dataset,
-                            concurrency=later.concurrency,
-                            status="skipped",
-                            error=f"server gone: {gone}",
-                        )
+                        self._record_run(session, later, "skipped", error=f"server gone: {gone}")
                     raise SessionFailed(f"the server went away during {what}: {gone}") from None
                 continue
             pruner = pruner_metrics(session.base_url) if self.settings.enable_metrics or server is None else None
@@ -322,18 +316,8 @@ class AbRunner:
             if pruner is not None and confirmed == "unconfirmed":
                 confirmed = "metrics"
                 self._record(session, "session", status="confirmed", plugin_confirmed="metrics")
-            self._record(
-                session,
-                run.kind,
-                dataset=run.dataset,
-                concurrency=run.concurrency,
-                status="ok",
-                metrics=metrics,
-                pruner_metrics=pruner,
-                wall_s=round(time.monotonic() - started, 1),
-                argv=list(run.argv),
-                raw=str(run.output_path),
-            )
+            wall = round(time.monotonic() - started, 1)
+            self._record_run(session, run, "ok", metrics=metrics, pruner_metrics=pruner, wall_s=wall)
             self.echo(f"  {what}: {self._headline(run, metrics)}")
         if confirmed == "unconfirmed" and not session.arm.is_baseline:
             self.echo(

@@ -18,11 +18,8 @@ SHA) to ``--out-dir`` and prints the table.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _bench_common import git_sha, sync, time_graph, write_csv
 
 from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.kernels import SelectionWorkspace, select_keep_mask
@@ -58,47 +57,6 @@ def bench_configs(tmp_dir: Path, num_experts: int) -> dict[str, PrunerConfig]:
     }
 
 
-def time_graph(fn, calls: int, replays: int) -> float:
-    """Median microseconds per call of ``fn(i)`` captured ``calls`` times in one CUDA graph.
-
-    Off CUDA (``--smoke``) it times plain calls with a wall clock: a check that the script runs, not a
-    measurement.
-    """
-    if not torch.cuda.is_available():
-        start = time.perf_counter()
-        for i in range(calls):
-            fn(i)
-        return (time.perf_counter() - start) * 1e6 / calls
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / calls)
-    del graph
-    return statistics.median(samples)
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _allocated() -> int:
     return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
 
@@ -116,11 +74,11 @@ def bench_policy(cfg, inputs, num_valid, ranks, out, workspace, calls: int, repl
         select_experts_mask(inputs[i % len(inputs)], cfg, **kw)
 
     kernel(0)
-    _sync()
+    sync()
     before = _allocated()
     for i in range(4):
         kernel(i)
-    _sync()
+    sync()
     allocated = _allocated() - before
     same = all(
         torch.equal(select_keep_mask(x, cfg, workspace=workspace, **kw), select_experts_mask(x, cfg, **kw))
@@ -135,13 +93,6 @@ def bench_policy(cfg, inputs, num_valid, ranks, out, workspace, calls: int, repl
         "eager_alloc_bytes": allocated,
         "masks_equal": same,
     }
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> int:
@@ -209,10 +160,7 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
 
-    with open(out_dir / "selection.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out_dir / "selection.csv", rows)
     (out_dir / "selection.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
 
     print(f"\n{meta['device']}  torch {meta['torch']}  triton {meta['triton']}  git {meta['git_sha'][:12]}")

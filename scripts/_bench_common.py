@@ -1,0 +1,75 @@
+"""Helpers shared by the GPU benchmark scripts (``bench_selection.py``, ``bench_moe_layer.py``).
+
+Imported as ``_bench_common`` from the scripts' folder (run them as ``python scripts/NAME.py``: Python
+puts the script's folder first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+
+def time_graph(fn, calls: int, replays: int) -> float:
+    """Median microseconds per call of ``fn(i)`` captured ``calls`` times in one CUDA graph.
+
+    ``fn(i)`` is warmed up (Triton compiles here) on a side stream, captured for ``i = 0..calls-1``,
+    replayed once, then timed over ``replays`` replays with CUDA events; the figure is the median replay
+    time divided by ``calls``.  Off CUDA (``--smoke``) it times plain calls with a wall clock: a check
+    that the script runs, not a measurement.
+    """
+    if not torch.cuda.is_available():
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        return (time.perf_counter() - start) * 1e6 / calls
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
+    del graph
+    return statistics.median(samples)
+
+
+def sync() -> None:
+    """Wait for the GPU, if there is one."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def git_sha() -> str:
+    """``git rev-parse HEAD`` of the working directory, or ``"unknown"``."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """Rows (dicts with the same keys, in order) as a CSV file with a header line."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -134,6 +134,7 @@ def test_records_hold_what_the_clients_and_server_reported(ab_run):
             assert row["pruner_metrics"] is None
         assert row["server_argv"][row["server_argv"].index("--port") + 1] in row["url"]
         assert row["versions"]["sglang"] == "0.5.23" and row["model_path"] == TINY
+        assert row["git_sha"] is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", row["git_sha"])
     accuracy = {(r["arm"], r["repeat"]): r["metrics"]["accuracy"] for r in ok if r["record"] == "accuracy"}
     assert accuracy == {
         ("base", 1): expected_gsm8k_accuracy(QUESTIONS, 5),

@@ -76,7 +76,8 @@ def client_versions() -> dict[str, str | None]:
 
 
 def git_sha() -> str | None:
-    """Commit of this package: its git checkout's HEAD, or the commit pip recorded when installing from VCS."""
+    """Commit of this package: its git checkout's HEAD (``-dirty`` with uncommitted changes), or the commit
+    pip recorded when installing from VCS."""
     source = Path(__file__).resolve().parents[2]
     if (source / ".git").exists():
         try:
@@ -84,7 +85,13 @@ def git_sha() -> str | None:
                 ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
             )
             if done.returncode == 0:
-                return done.stdout.strip()
+                dirty = subprocess.run(
+                    ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.strip()
+                return done.stdout.strip() + ("-dirty" if dirty else "")
         except (OSError, subprocess.SubprocessError):
             pass
     try:

@@ -271,15 +271,21 @@ def activated_experts(ids: torch.Tensor, offset: int, num_local: int) -> int:
 
 # --------------------------------------------------------------------------------- token alignment
 @triton.jit
+def _load_buckets(ids_ptr, offs, numel, expert_offset, num_local):
+    """Bucket of each slot: its local expert, or ``num_local`` for -1, padding and other ranks' experts."""
+    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
+    local = ids - expert_offset
+    return tl.where((ids >= 0) & (local >= 0) & (local < num_local), local, num_local)
+
+
+@triton.jit
 def _count_kernel(ids_ptr, counts_ptr, numel, expert_offset, num_local, BLOCK: tl.constexpr):
     """counts[b] = slots routed to local expert b; bucket ``num_local`` holds every other slot."""
     bucket = tl.program_id(0)
     total = tl.sum(tl.zeros([BLOCK], tl.int32), axis=0)
     for start in range(0, numel, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
-        local = ids - expert_offset
-        key = tl.where((ids >= 0) & (local >= 0) & (local < num_local), local, num_local)
+        key = _load_buckets(ids_ptr, offs, numel, expert_offset, num_local)
         total += tl.sum(((key == bucket) & (offs < numel)).to(tl.int32), axis=0)
     tl.store(counts_ptr + bucket, total)
 
@@ -313,9 +319,7 @@ def _place_kernel(
     placed = tl.sum(tl.zeros([BLOCK], tl.int32), axis=0)
     for base in range(0, numel, BLOCK):
         offs = base + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
-        local = ids - expert_offset
-        key = tl.where((ids >= 0) & (local >= 0) & (local < num_local), local, num_local)
+        key = _load_buckets(ids_ptr, offs, numel, expert_offset, num_local)
         hit = (key == bucket) & (offs < numel)
         rank = tl.cumsum(hit.to(tl.int32), axis=0) - 1 + placed
         tl.store(sorted_ptr + start + rank, offs.to(tl.int32), mask=hit)

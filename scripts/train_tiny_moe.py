@@ -427,6 +427,8 @@ def main() -> None:
 
     from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+    from xshare_sglang.replay.tiny_model import untie_lm_head
+
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -465,6 +467,7 @@ def main() -> None:
     log["eval"].append({"step": step, "heldout_loss": final_losses})
     usage = expert_usage(model, heldout, args.seq_len)
     model = model.to(torch.bfloat16)
+    untie_lm_head(model)  # SGLang's Qwen3-MoE class never ties lm_head: store it
     model.save_pretrained(args.out, safe_serialization=True)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS)
     fast.save_pretrained(args.out)

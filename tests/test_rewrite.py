@@ -34,12 +34,29 @@ def test_physical_ids() -> None:
     assert ids.tolist() == [[-1, 5, 1, -1]]
 
 
+def test_fill_hand_example() -> None:
+    """E=6, keep {1, 4}, k=3.  Row 0 picked (1, 0, 4): 0 is pruned, every kept expert is in the row,
+    so the filler is the lowest pruned expert the row no longer holds (0 itself, now at weight 0).  Row 1 picked (4, 5, 3): both
+    fillers come from the kept expert it lacks (1), then pruned 0.  Row 2 is padding: the kept
+    experts, then pruned 0.  No id repeats within a row; every filler has weight 0."""
+    ids = torch.tensor([[1, 0, 4], [4, 5, 3], [3, 2, 1]], dtype=torch.int32)
+    weights = torch.tensor([[0.5, 0.2, 0.3], [0.6, 0.3, 0.1], [0.4, 0.4, 0.2]])
+    keep = torch.tensor([False, True, False, False, True, False])
+    metrics = torch.zeros(4, dtype=torch.float64)
+    reference(ids, weights, keep, num_valid_tokens=2, metrics_row=metrics, fill_dropped=True)
+    assert ids.tolist() == [[1, 0, 4], [4, 1, 0], [1, 4, 0]]
+    torch.testing.assert_close(weights, torch.tensor([[0.5, 0.0, 0.3], [0.6, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    # the backend reads experts 0, 1 and 4: activated counts the filler
+    assert metrics.tolist() == [3.0, 2.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize(
     ("num_tokens", "num_slots", "num_experts", "replicas"),
     [(0, 8, 64, 0), (1, 4, 60, 0), (7, 8, 128, 0), (255, 9, 160, 32), (64, 16, 256, 0)],
 )
 @pytest.mark.parametrize("valid", ["all", "some", "tensor", "none"])
-def test_kernel_matches_reference(num_tokens, num_slots, num_experts, replicas, valid) -> None:
+@pytest.mark.parametrize("fill", [False, True], ids=["minus-one", "fill"])
+def test_kernel_matches_reference(num_tokens, num_slots, num_experts, replicas, valid, fill) -> None:
     gen = torch.Generator().manual_seed(num_tokens * 7 + num_experts)
     num_ids = num_experts + replicas
     ids = torch.randint(-1, num_ids + 2, (num_tokens, num_slots), generator=gen, dtype=torch.int32)
@@ -61,6 +78,7 @@ def test_kernel_matches_reference(num_tokens, num_slots, num_experts, replicas, 
         physical_to_logical=p2l,
         metrics_row=want_metrics,
         stats=stats,
+        fill_dropped=fill,
     )
     got_ids, got_weights = ids.to(DEVICE), weights.to(DEVICE)
     got_metrics = torch.full((4,), 2.0, dtype=torch.float64, device=DEVICE)
@@ -73,13 +91,40 @@ def test_kernel_matches_reference(num_tokens, num_slots, num_experts, replicas, 
         physical_to_logical=None if p2l is None else p2l.to(DEVICE),
         metrics_row=got_metrics,
         stats=stats.to(DEVICE),
+        fill_dropped=fill,
     )
     assert torch.equal(got_ids.cpu(), want_ids)
     assert torch.equal(got_weights.cpu(), want_weights)
     torch.testing.assert_close(got_metrics.cpu(), want_metrics, rtol=0, atol=1e-12)
+    if fill:
+        return
     # every surviving routed id is kept; padding rows are fully dropped
     survivors = want_ids[(want_ids >= 0) & (want_ids < num_ids)].long()
     logical = survivors if p2l is None else p2l[survivors]
     assert keep[logical].all()
     if n_valid is not None:
         assert (want_ids[n_valid:] == -1).all()
+
+
+@pytest.mark.parametrize(("num_tokens", "num_slots", "num_experts"), [(7, 4, 32), (255, 8, 60), (64, 8, 160)])
+@pytest.mark.parametrize("keep_share", [0.05, 0.5])
+def test_fill_invariants(num_tokens, num_slots, num_experts, keep_share) -> None:
+    """Rows of distinct routed ids (as SGLang's top-k gives): after the fill every slot holds a valid id,
+    no row repeats one, dropped slots have weight 0, kept slots are untouched, and the batch reads at
+    most max(|keep|, k) experts beyond nothing: fillers come from kept experts while a row lacks any."""
+    gen = torch.Generator().manual_seed(num_tokens + num_experts)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:num_slots] for _ in range(num_tokens)])
+    ids = ids.to(torch.int32)
+    weights = torch.rand(num_tokens, num_slots, generator=gen)
+    keep = torch.rand(num_experts, generator=gen) < keep_share
+    n_valid = num_tokens - 2
+    before_ids, before_weights = ids.clone(), weights.clone()
+    rewrite_routing(ids, weights, keep, num_valid_tokens=n_valid, fill_dropped=True)
+    assert ((ids >= 0) & (ids < num_experts)).all()
+    assert all(len(set(row)) == num_slots for row in ids.tolist())
+    kept_before = keep[before_ids.long()]
+    kept_before[n_valid:] = False
+    assert torch.equal(ids[kept_before], before_ids[kept_before])
+    assert torch.equal(weights[kept_before], before_weights[kept_before])
+    assert (weights[~kept_before] == 0).all()
+    assert torch.unique(ids).numel() <= max(int(keep.sum()), num_slots)

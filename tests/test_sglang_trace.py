@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.test_sglang_context import NUM_EXPERTS, _init, _model, _runner, _topk_config, plugin_env  # noqa: F401
-from xshare_sglang import PrunerConfig
+from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.replay import BatchShape, build_batches, load_trace, replay_table, token_table
 from xshare_sglang.replay.trace import TraceMeta
 from xshare_sglang.sglang_plugin.flags import add_flags, settings_from_args
@@ -62,7 +62,8 @@ def _forward(runner, configs, mode, request_ids, logits_per_layer, spec_info=Non
 @pytest.mark.parametrize("policy", [{"policy": "none"}, {"policy": "moe-spec", "max_experts": 2}])
 def test_server_records_unpruned_logits_of_sampled_forwards(plugin_env, monkeypatch, tmp_path, policy) -> None:  # noqa: F811
     """One decode forward in 2 is recorded, with every layer's logits as SGLang computed them
-    (before the mask), the request of each row, and verify rows repeated D times."""
+    (before the mask, in their own dtype), the keep mask the pruner applied (none when it did not
+    prune), the request of each row, and verify rows repeated D times."""
     monkeypatch.setenv(ENV_VAR, json.dumps({**policy, "trace_dir": str(tmp_path), "trace_every": 2}))
     configs = [_topk_config(), _topk_config()]
     runner = _runner(_model(*configs))
@@ -92,11 +93,16 @@ def test_server_records_unpruned_logits_of_sampled_forwards(plugin_env, monkeypa
         (4, 1, "verify"),
     ]
     for call, expected in zip(trace.calls[:4], [*sent[0], *sent[2]], strict=True):
-        assert call.logits.dtype == torch.float16
-        torch.testing.assert_close(call.logits.float(), expected.half().float(), rtol=0, atol=0)
+        assert call.logits.dtype == torch.float32
+        assert torch.equal(call.logits, expected)
         assert call.request_ids.tolist() == [5, 9, 2]
+        if policy["policy"] == "none":
+            assert call.keep is None
+        else:
+            cfg = PrunerConfig(**policy)
+            assert torch.equal(call.keep, select_experts_mask(expected, cfg, top_k=4)) and int(call.keep.sum()) == 2
     assert trace.calls[4].request_ids.tolist() == [7, 7, 1, 1]
-    torch.testing.assert_close(trace.calls[5].logits.float(), verify_logits[1].half().float(), rtol=0, atol=0)
+    assert torch.equal(trace.calls[5].logits, verify_logits[1])
     # the replay tool reads the recording
     table = token_table(trace, "decode")
     assert table.num_tokens == 6 and [len(s) for s in table.sequences()["default"]] == [2, 2, 2]

@@ -2,8 +2,9 @@
 
 One program: rows are walked in chunks; leftover picks of pruned experts, padding rows and rows
 whose vote weight is 0 become ``-1`` / weight 0 in place; the distinct routed experts still in use
-are marked in a register vector; then one metrics row gets ``+= [activated, kept, retained mass, 1]``.  The reference is
-``xshare_sglang.policies.rewrite.rewrite_routing``.
+are marked in a register vector; then one metrics row gets ``+= [activated, kept, retained mass, 1]``.  With
+``FILL``, dropped slots get valid row-unique ids of weight 0 instead of ``-1`` (``filler_ids`` of the reference).
+The reference is ``xshare_sglang.policies.rewrite.rewrite_routing``.
 """
 
 import triton
@@ -34,6 +35,7 @@ def rewrite_routing_kernel(
     HAS_METRICS: tl.constexpr,
     HAS_STATS: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
+    FILL: tl.constexpr,
     BLOCK_IDS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     CHUNK_T: tl.constexpr,
@@ -64,12 +66,32 @@ def rewrite_routing_kernel(
             real = real & voting_rows(token_weights_ptr, rows, rows_ok)
         valid = real[:, None]
         drop = (routed & (~kept_slot)) | (~valid)
-        tl.store(id_ptrs, tl.where(drop, -1, ids), mask=ok)
+        ids = tl.where(drop, -1, ids)
+        if FILL:
+            # the j-th dropped slot of a row takes the row's j-th free id: kept ids first, then pruned
+            present = tl.max(((ids.to(tl.int32)[:, :, None] == p[None, None, :]) & ok[:, :, None]).to(tl.int32), axis=1)
+            free = (present == 0) & p_ok[None, :]
+            kept_free = free & keep_p[None, :]
+            pruned_free = free & (~keep_p[None, :])
+            num_kept_free = tl.sum(kept_free.to(tl.int32), axis=1)
+            rank = tl.where(
+                keep_p[None, :],
+                tl.cumsum(kept_free.to(tl.int32), axis=1),
+                num_kept_free[:, None] + tl.cumsum(pruned_free.to(tl.int32), axis=1),
+            )
+            wanted = tl.cumsum((drop & ok).to(tl.int32), axis=1)
+            match = (rank[:, None, :] == wanted[:, :, None]) & free[:, None, :]
+            filler = tl.sum(tl.where(match, p[None, None, :], 0), axis=2)
+            ids = tl.where(drop, filler, ids)
+        tl.store(id_ptrs, ids, mask=ok)
         w_ptrs = weights_ptr + rows.to(tl.int64)[:, None] * stride_w + slot[None, :]
         weights = tl.load(w_ptrs, mask=ok, other=0.0)
         tl.store(w_ptrs, tl.where(drop, 0.0, weights), mask=ok)
         if HAS_METRICS:
-            live = routed & (~drop) & ok
+            if FILL:
+                live = (ids >= 0) & (ids < num_ids) & ok
+            else:
+                live = routed & (~drop) & ok
             marks = (ids.to(tl.int32)[:, :, None] == p[None, None, :]) & live[:, :, None]
             used = tl.maximum(used, tl.max(tl.max(marks.to(tl.int32), axis=1), axis=0))
     if HAS_METRICS:

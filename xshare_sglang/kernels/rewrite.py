@@ -23,6 +23,7 @@ def rewrite_routing(
     metrics_row: torch.Tensor | None = None,
     stats: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
+    fill_dropped: bool = False,
 ) -> None:
     """See :func:`xshare_sglang.policies.rewrite.rewrite_routing`."""
     num_tokens, num_slots = topk_ids.shape
@@ -38,6 +39,7 @@ def rewrite_routing(
             metrics_row=metrics_row,
             stats=stats,
             token_weights=token_weights,
+            fill_dropped=fill_dropped,
         )
         return
 
@@ -67,6 +69,7 @@ def rewrite_routing(
         HAS_METRICS=metrics_row is not None,
         HAS_STATS=stats is not None,
         HAS_WEIGHTS=token_weights is not None,
+        FILL=fill_dropped,
         BLOCK_IDS=block_ids,
         BLOCK_K=block_k,
         CHUNK_T=max(1, min(16, 8192 // (block_k * block_ids))),

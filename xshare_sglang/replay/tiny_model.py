@@ -52,6 +52,21 @@ def load_tiny_model(path: str | Path | None = None):
     return model, tokenizer
 
 
+def untie_lm_head(model) -> None:
+    """Give the LM head its own copy of the input embeddings and mark the config untied.
+
+    The tiny models are trained with tied embeddings, but SGLang 0.5.23's ``Qwen3MoeForCausalLM``
+    never ties its ``lm_head`` to the embeddings: served from a tied checkpoint (no
+    ``lm_head.weight``), it would predict with an uninitialised head.  Saving the head explicitly
+    makes the checkpoint load identically in transformers and in SGLang.
+    """
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    text_config = getattr(model.config, "get_text_config", lambda: model.config)()
+    text_config.tie_word_embeddings = False
+
+
 def expert_bytes(model, bytes_per_param: int = 2) -> int:
     """Bytes of one expert's weights as stored (bf16): gate, up and down projections."""
     cfg = model.config

@@ -12,8 +12,9 @@ so :func:`load_trace` reads it with ``torch.load(weights_only=True)`` (no pickle
       "calls": [                                          # one entry per recorded MoE layer call
         {"step": int, "layer": int, "phase": "decode" | "verify" | "extend" | "mixed",
          "request_ids": int64 [T],                        # the request each row belongs to
-         "logits": float16/float32 [T, E]                 # router logits, or instead:
-         "topk_ids": int64 [T, k], "topk_weights": float32 [T, k]},   # top-k only (-1 = none)
+         "logits": float16/bfloat16/float32 [T, E]        # router logits, or instead:
+         "topk_ids": int64 [T, k], "topk_weights": float32 [T, k],    # top-k only (-1 = none)
+         "keep": bool [E]},                               # optional: the keep mask a pruning server used
         ...
       ],
     }
@@ -73,6 +74,7 @@ class LayerCall:
     logits: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
     topk_weights: torch.Tensor | None = None
+    keep: torch.Tensor | None = None  # [E] bool: the keep mask the recording server applied, if it pruned
 
     def __post_init__(self) -> None:
         if self.phase not in TRACE_PHASES:
@@ -119,6 +121,8 @@ class LayerCall:
             out["logits"] = self.logits
         else:
             out["topk_ids"], out["topk_weights"] = self.topk_ids, self.topk_weights
+        if self.keep is not None:
+            out["keep"] = self.keep
         return out
 
 
@@ -193,6 +197,7 @@ def load_trace(path: str | Path, *, name: str | None = None) -> Trace:
                 logits=c.get("logits"),
                 topk_ids=c.get("topk_ids"),
                 topk_weights=c.get("topk_weights"),
+                keep=c.get("keep"),
             )
             for c in payload["calls"]
         ]

@@ -84,6 +84,7 @@ class LayerState:
     stats: torch.Tensor
     expert_to_rank: torch.Tensor | None = None
     masked_bias: torch.Tensor | None = None
+    fill_dropped: bool = False  # the layer's MoE backend cannot take -1: dropped slots get weight-0 ids
 
 
 @dataclass
@@ -218,6 +219,8 @@ class PrunerRuntime:
         if not call.masked:
             return
         layer = call.layer
+        if self.recorder is not None and self.recorder.current is not None:
+            self.recorder.record_keep(layer.row, layer.keep)
         p2l = self.physical_to_logical(layer.layer_id) if self.physical_to_logical is not None else None
         rewrite_routing(
             topk_ids,
@@ -228,6 +231,7 @@ class PrunerRuntime:
             metrics_row=self.metrics[layer.row],
             stats=layer.stats,
             token_weights=call.token_weights,
+            fill_dropped=layer.fill_dropped,
         )
 
     # ------------------------------------------------------------------ faults

@@ -3,7 +3,8 @@
 Which forwards: eager decode and speculative-verify forwards of the target model, one eligible
 forward in ``trace_every``; a forward replayed from a CUDA graph runs no Python and is not seen (record
 decode with ``--disable-cuda-graph``).  What: every MoE layer's router logits as SGLang computed them,
-before any pruning, in float16, and the request of each row (SGLang's request-pool slot: unique among
+before any pruning, in their own dtype (float16 when wider than 32 bits), the keep mask the pruner
+applied to that layer call (absent when the call was not pruned), and the request of each row (SGLang's request-pool slot: unique among
 the requests of one batch, reused by later requests).
 
 Never blocking the forward: the layer hook only queues a device-to-host copy into pinned memory and
@@ -41,6 +42,7 @@ class _Forward:
     phase: str
     request_ids: torch.Tensor
     layers: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    keeps: dict[int, torch.Tensor] = field(default_factory=dict)
     on_cuda: bool = False
     event: object = None
 
@@ -108,7 +110,13 @@ class TraceRecorder:
         """Queue the copy of one layer's router logits [T, E] of the forward being recorded."""
         if self.current is not None:
             self.current.on_cuda |= router_logits.is_cuda
-            self.current.layers.append((row, _to_host(router_logits.to(torch.float16))))
+            logits = router_logits if router_logits.element_size() <= 4 else router_logits.to(torch.float16)
+            self.current.layers.append((row, _to_host(logits)))
+
+    def record_keep(self, row: int, keep: torch.Tensor) -> None:
+        """Queue the copy of the keep mask [E] applied to a layer call of the forward being recorded."""
+        if self.current is not None:
+            self.current.keeps[row] = _to_host(keep)
 
     def finish_forward(self) -> None:
         """Hand the recorded forward to the writer; drop it when the writer is behind."""
@@ -150,7 +158,9 @@ class TraceRecorder:
         complete = [f for f in pending if all(len(logits) == len(f.request_ids) for _, logits in f.layers)]
         self.dropped += len(pending) - len(complete)  # rows that are not one per request token (DP padding)
         calls = [
-            LayerCall(f.step, row, f.phase, f.request_ids, logits=logits) for f in complete for row, logits in f.layers
+            LayerCall(f.step, row, f.phase, f.request_ids, logits=logits, keep=f.keeps.get(row))
+            for f in complete
+            for row, logits in f.layers
         ]
         if not calls:
             return

@@ -1,0 +1,77 @@
+"""A CPU stand-in for SGLang's ``sgl_kernel`` package: a test and development utility only.
+
+The ``sgl_kernel`` wheels on the registry hold CUDA binaries, so on a machine without a GPU
+``import sgl_kernel`` fails and ``python -m sglang.launch_server --device cpu`` cannot start.  Put the
+folder *above* this package first on ``PYTHONPATH`` (``xshare_sglang.testing.cpu_server`` does) and
+SGLang imports this module instead.  It defines only the names SGLang 0.5.23 imports unconditionally
+on its CPU engine path:
+
+* ``scalar_types`` comes from the installed wheel's own pure-Python ``scalar_type.py`` (SGLang's
+  quantization code inspects those objects at import time, so an imitation would break start-up);
+* ``assign_req_to_token_pool_cpu`` is a torch implementation (it is reached when a speculative
+  worker allocates KV-cache slots);
+* every other name is imported by SGLang at start-up but never called when serving without
+  speculative decoding; calling one raises :class:`NotImplementedError` naming the op.
+
+Names SGLang imports inside ``try/except ImportError`` (``rmsnorm``, the ``allreduce`` submodule, ...)
+are deliberately absent, so SGLang takes its own fallbacks.  Never install this in production.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from ._ops import assign_req_to_token_pool_cpu, unavailable
+
+__version__ = "0.0.0+xshare-cpu-standin"
+
+STANDIN = True  # lets a caller tell this package from the real one
+
+
+def _load_wheel_scalar_type():
+    """Import ``sgl_kernel/scalar_type.py`` of the installed wheel (pure Python) as a submodule."""
+    here = Path(__file__).resolve().parent
+    for entry in sys.path:
+        candidate = Path(entry or ".").resolve() / "sgl_kernel" / "scalar_type.py"
+        if candidate.parent == here or not candidate.is_file():
+            continue
+        spec = importlib.util.spec_from_file_location(f"{__name__}.scalar_type", candidate)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+    raise ImportError(
+        "the sgl_kernel stand-in needs the installed sglang-kernel wheel for scalar_type.py "
+        "(pip install sglang installs it)"
+    )
+
+
+scalar_type = _load_wheel_scalar_type()
+ScalarType = scalar_type.ScalarType
+scalar_types = scalar_type.scalar_types
+
+# Imported unconditionally by SGLang 0.5.23 on the CPU path, called only by features this stand-in
+# does not cover (KV-cache copies between layers, EAGLE draft trees and their cache slots).
+copy_all_layer_kv_cache_cpu = unavailable("copy_all_layer_kv_cache_cpu")
+build_tree_kernel_efficient_cpu = unavailable("build_tree_kernel_efficient_cpu")
+verify_tree_greedy_cpu = unavailable("verify_tree_greedy_cpu")
+assign_draft_cache_locs_contiguous_cpu = unavailable("assign_draft_cache_locs_contiguous_cpu")
+assign_extend_cache_locs_cpu = unavailable("assign_extend_cache_locs_cpu")
+fill_accept_out_cache_loc_cpu = unavailable("fill_accept_out_cache_loc_cpu")
+fill_bonus_tokens_cpu = unavailable("fill_bonus_tokens_cpu")
+
+__all__ = [
+    "STANDIN",
+    "ScalarType",
+    "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu",
+    "assign_req_to_token_pool_cpu",
+    "build_tree_kernel_efficient_cpu",
+    "copy_all_layer_kv_cache_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+    "scalar_types",
+    "verify_tree_greedy_cpu",
+]

@@ -4,8 +4,8 @@ Which forwards: eager decode and speculative-verify forwards of the target model
 forward in ``trace_every``; a forward replayed from a CUDA graph runs no Python and is not seen (record
 decode with ``--disable-cuda-graph``).  What: every MoE layer's router logits as SGLang computed them,
 before any pruning, in their own dtype (float16 when wider than 32 bits), the keep mask the pruner
-applied to that layer call (absent when the call was not pruned), and the request of each row (SGLang's request-pool slot: unique among
-the requests of one batch, reused by later requests).
+applied to that layer call (absent when the call was not pruned), and the request of each row
+(SGLang's request-pool slot: unique among the requests of one batch, reused by later requests).
 
 Never blocking the forward: the layer hook only queues a device-to-host copy into pinned memory and
 keeps a reference; when the forward ends, its copies and a CUDA event go into a bounded queue (a full

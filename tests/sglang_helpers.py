@@ -30,15 +30,20 @@ def stand_in_topk(config, *, layer_id: int, is_draft: bool = False):
     return module
 
 
-def stand_in_experts(*, layer_id: int, num_experts: int, num_fused_shared_experts: int = 0):
+def stand_in_experts(*, layer_id: int, num_experts: int, num_fused_shared_experts: int = 0, runner: str = "triton"):
     """Stand-in: a real ``FusedMoE`` instance with its constructor bypassed (a real one needs the
-    parallel config and allocates weights); only the attributes the plugin reads are set."""
+    parallel config and allocates weights); only the attributes the plugin reads are set.  ``runner``
+    is the resolved MoE runner backend (default: Triton, as on a CUDA server)."""
+    from types import SimpleNamespace
+
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
 
     module = FusedMoE.__new__(FusedMoE)
     torch.nn.Module.__init__(module)
     module.layer_id, module.num_experts = layer_id, num_experts + num_fused_shared_experts
     module.num_fused_shared_experts = num_fused_shared_experts
+    module.moe_runner_config = SimpleNamespace(runner_backend=MoeRunnerBackend(runner))
     return module
 
 

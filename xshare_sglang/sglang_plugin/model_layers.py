@@ -8,12 +8,13 @@ start-up with a message instead of misbehaving while it serves.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..config import PrunerConfig
 from ..policies.rewrite import METRIC_COLUMNS
+from .moe_backends import dropped_slots_filled
 from .runtime import LayerState, PrunerRuntime
 from .settings import PluginSettings
 
@@ -26,8 +27,16 @@ class PrunerSetupError(RuntimeError):
     """The pruner was asked for but cannot run on this model or server configuration."""
 
 
-def find_moe_layers(model: torch.nn.Module) -> list[tuple[Any, int]]:
-    """(TopK module, number of routed experts) for every MoE layer of ``model``, by layer id.
+class MoeLayer(NamedTuple):
+    """One MoE layer of the model: SGLang's ``TopK`` and ``FusedMoE`` modules."""
+
+    topk: Any
+    num_experts: int  # routed experts (fused shared experts excluded)
+    experts: Any
+
+
+def find_moe_layers(model: torch.nn.Module) -> list[MoeLayer]:
+    """Every MoE layer of ``model``, by layer id.
 
     The expert count comes from the layer's ``FusedMoE`` module (``num_experts``), matched by
     ``layer_id``.
@@ -36,16 +45,23 @@ def find_moe_layers(model: torch.nn.Module) -> list[tuple[Any, int]]:
     from sglang.srt.layers.moe.topk import TopK
 
     topks: dict[int, Any] = {}
-    experts: dict[int, int] = {}
+    experts: dict[int, Any] = {}
     for module in model.modules():
         if isinstance(module, TopK) and not module.is_draft:
             topks[module.layer_id] = module
         elif isinstance(module, FusedMoE):
-            experts[module.layer_id] = module.num_experts - module.num_fused_shared_experts
+            experts[module.layer_id] = module
     missing = sorted(set(topks) - set(experts))
     if missing:
         raise PrunerSetupError(f"moe-pruner: no FusedMoE module found for the TopK of layers {missing}")
-    return [(topks[layer_id], experts[layer_id]) for layer_id in sorted(topks)]
+    return [
+        MoeLayer(
+            topks[layer_id],
+            experts[layer_id].num_experts - experts[layer_id].num_fused_shared_experts,
+            experts[layer_id],
+        )
+        for layer_id in sorted(topks)
+    ]
 
 
 def expert_bytes_by_layer(model: torch.nn.Module) -> dict[int, int]:
@@ -66,13 +82,13 @@ def expert_bytes_by_layer(model: torch.nn.Module) -> dict[int, int]:
     return out
 
 
-def check_model(cfg: PrunerConfig, layers: list[tuple[Any, int]], *, ep_size: int) -> None:
+def check_model(cfg: PrunerConfig, layers: list[MoeLayer], *, ep_size: int) -> None:
     """Raise :class:`PrunerSetupError` for any config value this model cannot take."""
     from sglang.srt.layers.moe.topk import TopKOutputFormat
 
     if not layers:
         raise PrunerSetupError("moe-pruner: the model has no MoE layers (no SGLang TopK module found)")
-    for topk, num_experts in layers:
+    for topk, num_experts, _ in layers:
         config = topk.topk_config
         if config.output_format not in (None, TopKOutputFormat.STANDARD):
             raise PrunerSetupError(
@@ -92,7 +108,7 @@ def check_model(cfg: PrunerConfig, layers: list[tuple[Any, int]], *, ep_size: in
             raise PrunerSetupError(f"moe-pruner: {exc} (layer {topk.layer_id})") from None
     ranking = cfg.static_ranking
     if ranking is not None:
-        last_layer = max(topk.layer_id for topk, _ in layers)
+        last_layer = max(layer.topk.layer_id for layer in layers)
         if last_layer >= ranking.num_layers:
             raise PrunerSetupError(
                 f"moe-pruner: --moe-pruner-static-ranking-path {cfg.static_ranking_path} has "
@@ -176,11 +192,17 @@ def build_runtime(
             raise PrunerSetupError(f"{exc} [config of the {phase} phase]") from None
     needs_ranks = any(cfg.policy == "xshare-ep" for cfg in configs)
     states = {}
-    for row, (topk, num_experts) in enumerate(layers):
+    fill_reasons = set()
+    for row, (topk, num_experts, experts) in enumerate(layers):
         expert_to_rank = expert_owner_of(topk.layer_id) if needs_ranks else None
         state = make_layer_state(
             topk.topk_config, layer_id=topk.layer_id, row=row, num_experts=num_experts, device=device
         )
         state.expert_to_rank = expert_to_rank
+        state.fill_dropped, reason = dropped_slots_filled(experts)
+        if state.fill_dropped:
+            fill_reasons.add(reason)
         states[id(topk.topk_config)] = state
+    for reason in sorted(fill_reasons):
+        logger.info("moe-pruner: dropped slots get a weight-0 expert instead of -1 (%s)", reason)
     return make_runtime(settings, states, device)

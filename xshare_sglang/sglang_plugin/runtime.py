@@ -17,6 +17,7 @@ layer call unpruned, is counted, and is logged at most once a minute.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,6 +175,9 @@ class PrunerRuntime:
         """
         layer = call.layer
         try:
+            fault_file = self.settings.test_fault_file
+            if fault_file is not None and os.path.exists(fault_file):
+                raise RuntimeError(f"fault injected for a test ({fault_file} exists)")
             if router_logits.dim() != 2 or router_logits.shape[1] != layer.num_experts:
                 raise ValueError(
                     f"router logits of shape {tuple(router_logits.shape)}, expected [T, {layer.num_experts}]"

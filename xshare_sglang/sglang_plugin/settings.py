@@ -32,7 +32,7 @@ ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
 DEFAULT_LOG_INTERVAL = 200
 DEFAULT_TRACE_EVERY = 16
 DEFAULT_TRACE_MAX_MB = 512
-PLUGIN_FIELDS = ("log_interval", "trace_dir", "trace_every", "trace_max_mb")
+PLUGIN_FIELDS = ("log_interval", "trace_dir", "trace_every", "trace_max_mb", "test_fault_file")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ class PluginSettings:
         Stop recording once the folder's trace files reach this many MiB (>= 1).
     echo : EchoSettings
         ECHO scheduling of EAGLE draft trees and its calibration log (off by default).
+    test_fault_file : str or None
+        For tests only: while a file exists at this path, every expert selection raises, so that a
+        live server's fallback to unpruned routing can be shown.  None (the default) checks nothing.
     """
 
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
@@ -63,6 +66,7 @@ class PluginSettings:
     trace_max_mb: int = DEFAULT_TRACE_MAX_MB
     phase_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     echo: EchoSettings = field(default_factory=EchoSettings)
+    test_fault_file: str | None = None
     _phase_configs: dict[str, PrunerConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +78,8 @@ class PluginSettings:
                 raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1")
         if self.trace_dir is not None and (not isinstance(self.trace_dir, str) or not self.trace_dir):
             raise ValueError(f"trace_dir={self.trace_dir!r} is invalid: must be a folder path")
+        if self.test_fault_file is not None and (not isinstance(self.test_fault_file, str) or not self.test_fault_file):
+            raise ValueError(f"test_fault_file={self.test_fault_file!r} is invalid: must be a file path")
         if self.trace_dir is None and (self.trace_every, self.trace_max_mb) != (
             DEFAULT_TRACE_EVERY,
             DEFAULT_TRACE_MAX_MB,
@@ -142,6 +148,8 @@ class PluginSettings:
         for phase, cfg in self._phase_configs.items():
             if phase in self.phase_overrides:
                 text += f" | {phase}: {cfg.summary()}"
+        if self.test_fault_file is not None:
+            text += f" | test_fault_file={self.test_fault_file} (selection fails while it exists)"
         if self.echo_active:
             text += " | echo: " + ", ".join(f"{k}={v}" for k, v in self.echo.to_dict().items())
         return text
@@ -150,6 +158,8 @@ class PluginSettings:
         out = {**self.pruner.to_dict(), "log_interval": self.log_interval}
         if self.trace_dir is not None:
             out.update(trace_dir=self.trace_dir, trace_every=self.trace_every, trace_max_mb=self.trace_max_mb)
+        if self.test_fault_file is not None:
+            out["test_fault_file"] = self.test_fault_file
         out.update({phase: dict(delta) for phase, delta in self.phase_overrides.items()})
         if self.echo.to_dict():
             out["echo"] = self.echo.to_dict()

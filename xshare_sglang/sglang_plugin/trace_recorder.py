@@ -10,9 +10,10 @@ applied to that layer call (absent when the call was not pruned), and the reques
 Never blocking the forward: the layer hook only queues a device-to-host copy into pinned memory and
 keeps a reference; when the forward ends, its copies and a CUDA event go into a bounded queue (a full
 queue drops the sample and counts it).  A writer thread waits for the event, builds the trace and
-writes one file per ``FORWARDS_PER_FILE`` recorded forwards (``trace-r{rank}-{pid}-{index:05d}.pt``,
-written to a temporary name and renamed).  Recording stops for good once the files reach
-``trace_max_mb``.
+writes one file (``trace-r{rank}-{pid}-{index:05d}.pt``) per ``FORWARDS_PER_FILE`` recorded forwards, or
+what it holds once no forward came for ``IDLE_FLUSH_S`` seconds (a quiet server's trace reaches the disk
+without waiting for more traffic), each written to a temporary name and renamed.  Recording stops for
+good once the files reach ``trace_max_mb``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 RECORDED_PHASES = ("decode", "verify")
 FORWARDS_PER_FILE = 64
 QUEUE_FORWARDS = 64
+IDLE_FLUSH_S = 2.0
 
 
 @dataclass
@@ -88,6 +90,7 @@ class TraceRecorder:
         self.current: _Forward | None = None
         self._pending: list[_Forward] = []
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FORWARDS)
+        self._write_lock = threading.Lock()  # the writer's idle flush and flush() may meet
         self._thread = threading.Thread(target=self._write_loop, name="xshare-trace-writer", daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -134,7 +137,12 @@ class TraceRecorder:
     # ------------------------------------------------------------------ writer thread
     def _write_loop(self) -> None:
         while True:
-            forward = self._queue.get()
+            try:
+                forward = self._queue.get(timeout=IDLE_FLUSH_S)
+            except queue.Empty:
+                if self._pending:
+                    self._write_guarded()
+                continue
             try:
                 if forward is None:
                     self._flush()
@@ -151,7 +159,18 @@ class TraceRecorder:
             finally:
                 self._queue.task_done()
 
+    def _write_guarded(self) -> None:
+        try:
+            self._flush()
+        except Exception as exc:  # the server goes on; recording stops
+            self.stopped = True
+            logger.error("moe-pruner: trace recording stopped: %s: %s", type(exc).__name__, exc)
+
     def _flush(self) -> None:
+        with self._write_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         pending, self._pending = self._pending, []
         if not pending or self.bytes_written >= self.max_bytes:
             return

@@ -8,7 +8,8 @@ How: for the target ModelRunner only (never the draft worker): build the runtime
 model cannot take stops the server here with a clear message), append a head hook and a tail hook to
 ``capture_head_hooks`` / ``capture_tail_hooks`` (called inside every decode/verify graph capture,
 decode_cuda_graph_runner.py:1411 and :1470), verify every routing hook is in place and log the
-proof-of-life line ``moe-pruner active: policy=... config=... hooks=[...]``.
+proof-of-life line ``moe-pruner active: policy=... config=... hooks=[...]``; warn when the model class
+left ``lm_head`` untied although the checkpoint asks for tying (see ``model_checks``).
 Remove when: SGLang offers a model-loaded plugin event and a per-forward context plugins can extend.
 """
 
@@ -20,6 +21,7 @@ import torch
 
 from .. import liveness
 from ..metrics import MetricsReporter
+from ..model_checks import untied_lm_head_problem
 from ..model_layers import PrunerSetupError, build_runtime
 from ..runtime import get_runtime, set_runtime
 from ..settings import settings_from_env
@@ -61,6 +63,7 @@ def hook(result, self, *args, **kwargs):
     settings = settings_from_env()
     if settings is None or not settings.active:
         return None
+    _warn_untied_lm_head(self)
     if settings.echo_active:
         _start_echo(self)
     if not settings.enabled and settings.trace_dir is None:
@@ -92,6 +95,16 @@ def hook(result, self, *args, **kwargs):
         ),
     )
     return None
+
+
+def _warn_untied_lm_head(runner) -> None:
+    try:
+        problem = untied_lm_head_problem(runner.model, runner.model_config.hf_config)
+    except Exception as exc:  # a check that cannot run must not stop the server
+        logger.debug("moe-pruner: lm_head tying not checked: %s", exc)
+        return
+    if problem is not None:
+        logger.warning("moe-pruner: %s", problem)
 
 
 def _start_echo(runner) -> None:

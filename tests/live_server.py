@@ -1,0 +1,98 @@
+"""A real ``sglang.launch_server`` on the CPU engine, started for a test and killed by its process group.
+
+The server is ``python -m xshare_sglang.testing.cpu_server`` (SGLang's own launcher with the CPU
+flags and the ``sgl_kernel`` stand-in) in a process group of its own; :meth:`LiveServer.stop` sends
+SIGTERM to the group, then SIGKILL, so no scheduler or detokenizer outlives the test.  The A/B tool's
+process handling (:class:`~xshare_sglang.serving.ab_server.LaunchedServer`) does the work.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from xshare_sglang.serving.ab_server import LaunchedServer, log_tail, proof_policies, server_env, wait_healthy
+
+STARTUP_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 30.0
+LAUNCH = [sys.executable, "-m", "xshare_sglang.testing.cpu_server"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """One CPU server; ``args`` are ``sglang.launch_server`` arguments (host and port are added)."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = LaunchedServer(
+            [*LAUNCH, *args, "--host", "127.0.0.1", "--port", str(self.port)], log_path, env=server_env()
+        )
+
+    def start(self) -> LiveServer:
+        self.process.start()
+        problem = wait_healthy(self.url, STARTUP_TIMEOUT_S, self.process.exit_reason, poll_s=1.0)
+        if problem is not None:
+            self.stop()
+            raise RuntimeError(f"{problem}\n--- server log ---\n{log_tail(self.process.log_path, 60)}")
+        return self
+
+    def stop(self) -> None:
+        self.process.stop(STOP_TIMEOUT_S)
+
+    def log(self) -> str:
+        return self.process.log_text()
+
+    def policies(self) -> list[str]:
+        """The ``policy=`` of every proof-of-life line in the log."""
+        return proof_policies(self.log())
+
+    def alive(self) -> bool:
+        return self.process.exit_reason() is None
+
+    # ------------------------------------------------------------------ requests
+    def generate(self, text: str, max_new_tokens: int, *, ignore_eos: bool = True) -> dict:
+        """Greedy ``/generate``; returns SGLang's JSON answer."""
+        body = {
+            "text": text,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos},
+        }
+        response = requests.post(self.url + "/generate", json=body, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
+    def completion(self, prompt: str, max_tokens: int) -> dict:
+        """Greedy OpenAI-compatible ``/v1/completions``."""
+        body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        response = requests.post(self.url + "/v1/completions", json=body, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
+    def metrics(self) -> dict[str, dict[tuple, float]]:
+        """Every ``moe_pruner:*`` sample on ``/metrics``: name -> {sorted label items: value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = requests.get(self.url + "/metrics", timeout=30).text
+        out: dict[str, dict[tuple, float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("moe_pruner:"):
+                    out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return out
+
+    def wait_for_log(self, text: str, timeout_s: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return True
+            time.sleep(0.5)
+        return False

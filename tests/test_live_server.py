@@ -1,0 +1,293 @@
+"""The plugin inside a real, running ``python -m sglang.launch_server`` (CPU engine, shipped tiny MoE).
+
+Each server is SGLang's own launcher in a subprocess (``xshare_sglang.testing.cpu_server``): the flag
+parser with the plugin's flags, plugin loading in every process, the model build, the routing hooks,
+the scheduler and the HTTP front end.  What a test asserts is what a client sees: tokens, log lines,
+``/metrics`` and the trace files the server wrote.
+
+Reference decoding is the project's transformers one (``RouterHook``: Hugging Face's own Qwen3-MoE
+with the policy applied to its routers through ``select_experts_mask`` / ``route_within``), in float32
+like the servers here, one request at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.live_server import LAUNCH, LiveServer
+from xshare_sglang import PrunerConfig, route_within, select_experts_mask
+from xshare_sglang.policies.rewrite import rewrite_routing
+from xshare_sglang.replay.tiny_demo import heldout_texts
+from xshare_sglang.replay.tiny_model import RouterHook, load_tiny_model, tiny_model_dir
+from xshare_sglang.replay.trace import load_trace
+
+pytestmark = pytest.mark.live_server
+
+TOP_K = 4
+NEW_TOKENS = 12
+#: Settings that prune the tiny model (32 experts, top-4) even for a single request.
+POLICIES = {
+    "none": {"policy": "none"},
+    "oea": {"policy": "oea", "k0": 1},
+    "xshare": {"policy": "xshare", "k0": 1, "budget": 2},
+    "xshare-threshold": {"policy": "xshare-threshold", "k0": 1, "tau": 0.5},
+    "moe-spec": {"policy": "moe-spec", "max_experts": 3},
+    "lynx": {"policy": "lynx"},
+}
+COMMON = ["--dtype", "float32", "--enable-metrics"]
+
+
+def pruner_flags(fields: dict) -> list[str]:
+    flags = ["--moe-pruner", fields["policy"]]
+    for name, value in fields.items():
+        if name != "policy":
+            flags += [f"--moe-pruner-{name.replace('_', '-')}", str(value)]
+    if fields["policy"] != "none":
+        flags += ["--moe-pruner-log-interval", "1"]
+    return flags
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The tiny model in transformers (float32) and its tokenizer."""
+    return load_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def prompts(reference) -> list[list[int]]:
+    """Three held-out openings (code, math, prose) as token ids, 24 tokens each."""
+    _, tokenizer = reference
+    texts = [heldout_texts(tiny_model_dir(), domain)[0] for domain in ("code", "math", "prose")]
+    return [tokenizer(text)["input_ids"][:24] for text in texts]
+
+
+@torch.no_grad()
+def reference_tokens(reference, cfg: PrunerConfig | None, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    """Greedy tokens of transformers' model under ``cfg`` (None: unpruned), one request."""
+    model, _ = reference
+    ids = torch.tensor([prompt])
+    with RouterHook(model, cfg=cfg):
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def post_ids(server: LiveServer, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    import requests
+
+    body = {
+        "input_ids": prompt,
+        "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True},
+    }
+    response = requests.post(server.url + "/generate", json=body, timeout=120)
+    response.raise_for_status()
+    return response.json()["output_ids"]
+
+
+@pytest.fixture(scope="module", params=list(POLICIES))
+def policy_server(request, tmp_path_factory):
+    name = request.param
+    log = tmp_path_factory.mktemp(f"server-{name}") / "server.log"
+    server = LiveServer([*COMMON, *pruner_flags(POLICIES[name])], log).start()
+    yield name, server
+    server.stop()
+
+
+def test_policy_proves_itself_and_answers(policy_server, prompts, reference) -> None:
+    """The proof-of-life line names the policy (and is absent with ``none``); ``/generate`` and the
+    OpenAI-compatible ``/v1/completions`` answer the same greedy text; a pruning server exports the
+    plugin's gauges, a kept-expert count within the policy's settings."""
+    name, server = policy_server
+    _, tokenizer = reference
+    text = tokenizer.decode(prompts[0])
+    generated = server.generate(text, NEW_TOKENS)
+    completion = server.completion(text, NEW_TOKENS)
+    assert generated["meta_info"]["completion_tokens"] == NEW_TOKENS
+    assert completion["choices"][0]["text"] == generated["text"]
+    assert completion["usage"]["completion_tokens"] == NEW_TOKENS
+    metrics = server.metrics()
+    if name == "none":
+        assert server.policies() == []
+        assert metrics == {}
+        return
+    assert server.policies() == [name]
+    kept = metrics["moe_pruner:kept_experts"]
+    activated = metrics["moe_pruner:activated_experts"]
+    assert sorted(dict(labels)["layer"] for labels in kept) == ["0", "1", "2", "3"]
+    # one request: every policy keeps fewer experts than the model has; oea with k0=1 keeps 1 per
+    # layer, xshare (k0=1, budget 2) at most 3, moe-spec exactly 3
+    bound = {"oea": 1, "xshare": 3, "xshare-threshold": TOP_K, "moe-spec": 3, "lynx": TOP_K}[name]
+    assert all(1 <= value <= bound for value in kept.values()), kept
+    # a dropped slot gets a weight-0 expert on the CPU path: the layer reads max(kept, top-k) experts
+    assert all(value == TOP_K for value in activated.values()), activated
+
+
+def test_greedy_tokens_match_transformers_reference(policy_server, prompts, reference) -> None:
+    """One request at a time, the server's greedy tokens equal transformers' under the same policy."""
+    name, server = policy_server
+    cfg = None if name == "none" else PrunerConfig(**POLICIES[name])
+    for prompt in prompts:
+        assert post_ids(server, prompt) == reference_tokens(reference, cfg, prompt), f"prompt {prompt[:6]}..."
+
+
+# ---------------------------------------------------------------------- batched serving, traces, faults
+XSHARE = {"policy": "xshare", "k0": 1, "budget": 2}
+
+
+@pytest.fixture(scope="module")
+def xshare_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("xshare-traced")
+    fault = folder / "fault"
+    config = json.dumps({"test_fault_file": str(fault)})
+    args = [
+        *COMMON,
+        *pruner_flags(XSHARE),
+        "--moe-pruner-config",
+        config,
+        "--moe-pruner-trace-dir",
+        str(folder / "traces"),
+        "--moe-pruner-trace-every",
+        "1",
+    ]
+    server = LiveServer(args, folder / "server.log").start()
+    yield server, folder / "traces", fault
+    server.stop()
+
+
+def _layer_activated(logits: torch.Tensor, keep: torch.Tensor) -> float:
+    """Experts the server's CPU path reads for one layer call: routing inside ``keep``, dropped slots
+    filled, counted like the plugin's metrics."""
+    ids, weights = route_within(logits, keep, top_k=TOP_K, coverage="substitution", renormalize=True)
+    metrics = torch.zeros(4, dtype=torch.float64)
+    rewrite_routing(ids, weights, keep, metrics_row=metrics, fill_dropped=True)
+    return float(metrics[0])
+
+
+def test_concurrent_requests_replay_to_the_served_masks(xshare_server) -> None:
+    """16 concurrent requests: every recorded layer call's keep mask equals the offline policy on the
+    recorded router logits; batches really formed and were pruned below the unpruned union; the
+    gauges on /metrics equal the last recorded forward, recomputed offline."""
+    server, traces, _ = xshare_server
+    texts = [text[:80] for domain in ("code", "math", "prose") for text in heldout_texts(tiny_model_dir(), domain)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda text: server.generate(text, 16), texts[:16]))
+    assert all(answer["meta_info"]["completion_tokens"] == 16 for answer in answers)
+    assert server.wait_for_log("moe-pruner: ", 5)
+    files = _wait_for_traces(traces)
+    calls = [call for path in files for call in load_trace(path).calls]
+    pruned = [call for call in calls if call.keep is not None]
+    assert pruned, "no pruned layer call was recorded"
+    cfg = PrunerConfig(**XSHARE)
+    for call in pruned:
+        want = select_experts_mask(call.logits.float(), cfg, top_k=TOP_K)
+        assert torch.equal(call.keep, want), f"step {call.step} layer {call.layer}"
+    batched = [call for call in pruned if call.num_rows >= 8]
+    assert batched, f"the scheduler never decoded 8+ requests together (rows: {sorted({c.num_rows for c in pruned})})"
+    for call in batched:
+        natural = torch.unique(call.logits.float().topk(TOP_K, dim=-1).indices).numel()
+        warmup = torch.unique(call.logits.float().argmax(dim=-1)).numel()
+        assert int(call.keep.sum()) <= warmup + XSHARE["budget"]
+        assert _layer_activated(call.logits.float(), call.keep) < natural
+    # gauges: reported after every pruned forward, so they describe the last one
+    last_step = max(call.step for call in pruned)
+    metrics = server.metrics()
+    for call in (c for c in pruned if c.step == last_step):
+        labels = (("layer", str(call.layer)), ("tp_rank", "0"))
+        assert metrics["moe_pruner:kept_experts"][labels] == int(call.keep.sum())
+        assert metrics["moe_pruner:activated_experts"][labels] == _layer_activated(call.logits.float(), call.keep)
+
+
+def _wait_for_traces(folder: Path, timeout_s: float = 30.0) -> list[Path]:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        files = sorted(folder.glob("trace-*.pt"))
+        if files:
+            time.sleep(3)  # the writer flushes what it holds after 2 s without a forward
+            return sorted(folder.glob("trace-*.pt"))
+        time.sleep(0.5)
+    raise AssertionError(f"the server wrote no trace file into {folder} within {timeout_s:g} s")
+
+
+def test_injected_fault_falls_back_to_unpruned_routing(xshare_server, prompts, reference) -> None:
+    """While the test switch's file exists, selection raises inside the server: those requests are
+    answered with unpruned routing (the transformers reference without a policy), the fallbacks are
+    counted on /metrics and logged, and once the file is gone pruning resumes."""
+    server, _, fault = xshare_server
+    prompt = prompts[1]
+    pruned = reference_tokens(reference, PrunerConfig(**XSHARE), prompt)
+    unpruned = reference_tokens(reference, None, prompt)
+    assert pruned != unpruned, "pick a prompt whose pruned and unpruned decodings differ"
+    assert post_ids(server, prompt) == pruned
+    fault.write_text("on")
+    try:
+        assert post_ids(server, prompt) == unpruned
+        fallbacks = server.metrics()["moe_pruner:selection_fallbacks_total"]
+        assert sum(fallbacks.values()) >= 4 * (NEW_TOKENS - 1)  # every layer of every decode forward
+        assert server.wait_for_log("selection failed in layer 0, routing left unpruned")
+    finally:
+        fault.unlink()
+    assert post_ids(server, prompt) == pruned
+    assert server.alive()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--moe-pruner", "xshare", "--moe-pruner-k0", "-1"], "--moe-pruner-k0"),
+        (["--moe-pruner", "sparse"], "--moe-pruner"),
+        (["--moe-pruner", "moe-spec"], "--moe-pruner-max-experts"),
+    ],
+    ids=["negative-k0", "unknown-policy", "moe-spec-without-budget"],
+)
+def test_bad_flag_exits_2_naming_it(flags, named, tmp_path) -> None:
+    """SGLang's launcher with the plugin stops before loading anything: exit code 2, the flag named."""
+    result = subprocess.run([*LAUNCH, *flags], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert named in result.stderr
+    assert re.search(r"error|invalid", result.stderr, re.IGNORECASE)
+
+
+def test_ab_compare_against_live_cpu_servers(tmp_path) -> None:
+    """The A/B tool launches two real CPU servers (pruner off, xshare), checks the plugin's proof line
+    in each log, runs SGLang's benchmark and few-shot GSM8K clients, and writes its record, summary
+    and plots."""
+    out = tmp_path / "ab"
+    argv = [
+        "--model-path", str(tiny_model_dir()), "--launch-command", f"{sys.executable} -m xshare_sglang.testing.cpu_server",
+        "--candidate", json.dumps({"name": "xshare", **XSHARE}), "--repeats", "1", "--concurrency", "4",
+        "--dataset", "random-ids", "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "8",
+        "--gsm8k-questions", "8", "--gsm8k-shots", "1", "--gsm8k-parallel", "4", "--gsm8k-max-new-tokens", "16",
+        "--startup-timeout", "300", "--run-timeout", "300", "--stop-timeout", "30", "--output-dir", str(out),
+    ]  # fmt: skip
+    from xshare_sglang.serving.ab_cli import main
+    from xshare_sglang.serving.ab_report import read_runs
+
+    assert main(argv) == 0
+    records = read_runs(out)
+    started = [r["arm"] for r in records if r["record"] == "session" and r["status"] == "started"]
+    assert started == ["baseline", "xshare"]
+    assert {
+        r["arm"]: r["plugin_confirmed"] for r in records if r["record"] == "session" and r["status"] == "started"
+    } == {
+        "baseline": "log",
+        "xshare": "log",
+    }
+    serving = {r["arm"]: r for r in records if r["record"] == "serving" and r["status"] == "ok"}
+    assert set(serving) == {"baseline", "xshare"}
+    assert all(r["metrics"]["output_throughput"] > 0 for r in serving.values())
+    assert not serving["baseline"].get("pruner_metrics")
+    assert 0 < serving["xshare"]["pruner_metrics"]["kept_experts"] < 32
+    accuracy = [r for r in records if r["record"] == "accuracy"]
+    assert [r["status"] for r in accuracy] == ["ok", "ok"]
+    summary = (out / "summary.md").read_text()
+    assert "xshare" in summary and "baseline" in summary
+    assert (out / "throughput_random-ids.png").stat().st_size > 0

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean serve-cpu
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/xshare-sglang demo
+
+# SGLang's real server on this machine's CPU: the shipped tiny MoE model, pruned by xshare, on port 30000
+serve-cpu: $(STAMP)
+	$(BIN)/python -m xshare_sglang.testing.cpu_server --port 30000 --enable-metrics \
+		--moe-pruner xshare --moe-pruner-k0 1 --moe-pruner-budget 4
 
 test: lint
 	$(BIN)/python -m pytest

@@ -91,7 +91,9 @@ def post_ids(server: LiveServer, prompt: list[int], new_tokens: int = NEW_TOKENS
     return response.json()["output_ids"]
 
 
-@pytest.fixture(scope="module", params=list(POLICIES))
+# Class-scoped servers: each is stopped when its class is done (an idle SGLang scheduler on CPU keeps a
+# core busy, so no server may outlive the tests that use it).
+@pytest.fixture(scope="class", params=list(POLICIES))
 def policy_server(request, tmp_path_factory):
     name = request.param
     log = tmp_path_factory.mktemp(f"server-{name}") / "server.log"
@@ -100,7 +102,21 @@ def policy_server(request, tmp_path_factory):
     server.stop()
 
 
-def test_policy_proves_itself_and_answers(policy_server, prompts, reference) -> None:
+class TestPolicies:
+    """One server per policy, plain decoding."""
+
+    def test_policy_proves_itself_and_answers(self, policy_server, prompts, reference) -> None:
+        _check_policy_answers(policy_server, prompts, reference)
+
+    def test_greedy_tokens_match_transformers_reference(self, policy_server, prompts, reference) -> None:
+        """One request at a time, the server's greedy tokens equal transformers' under the same policy."""
+        name, server = policy_server
+        cfg = None if name == "none" else PrunerConfig(**POLICIES[name])
+        for prompt in prompts:
+            assert post_ids(server, prompt) == reference_tokens(reference, cfg, prompt), f"prompt {prompt[:6]}..."
+
+
+def _check_policy_answers(policy_server, prompts, reference) -> None:
     """The proof-of-life line names the policy (and is absent with ``none``); ``/generate`` and the
     OpenAI-compatible ``/v1/completions`` answer the same greedy text; a pruning server exports the
     plugin's gauges, a kept-expert count within the policy's settings."""
@@ -118,6 +134,7 @@ def test_policy_proves_itself_and_answers(policy_server, prompts, reference) -> 
         assert metrics == {}
         return
     assert server.policies() == [name]
+    assert "tied embeddings" not in server.log()  # the shipped checkpoint stores lm_head
     kept = metrics["moe_pruner:kept_experts"]
     activated = metrics["moe_pruner:activated_experts"]
     assert sorted(dict(labels)["layer"] for labels in kept) == ["0", "1", "2", "3"]
@@ -129,19 +146,11 @@ def test_policy_proves_itself_and_answers(policy_server, prompts, reference) -> 
     assert all(value == TOP_K for value in activated.values()), activated
 
 
-def test_greedy_tokens_match_transformers_reference(policy_server, prompts, reference) -> None:
-    """One request at a time, the server's greedy tokens equal transformers' under the same policy."""
-    name, server = policy_server
-    cfg = None if name == "none" else PrunerConfig(**POLICIES[name])
-    for prompt in prompts:
-        assert post_ids(server, prompt) == reference_tokens(reference, cfg, prompt), f"prompt {prompt[:6]}..."
-
-
 # ---------------------------------------------------------------------- batched serving, traces, faults
 XSHARE = {"policy": "xshare", "k0": 1, "budget": 2}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def xshare_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("xshare-traced")
     fault = folder / "fault"
@@ -170,7 +179,17 @@ def _layer_activated(logits: torch.Tensor, keep: torch.Tensor) -> float:
     return float(metrics[0])
 
 
-def test_concurrent_requests_replay_to_the_served_masks(xshare_server) -> None:
+class TestTracedServer:
+    """One xshare server recording every decode forward, with the test-only fault switch."""
+
+    def test_concurrent_requests_replay_to_the_served_masks(self, xshare_server) -> None:
+        _check_concurrent_replay(xshare_server)
+
+    def test_injected_fault_falls_back_to_unpruned_routing(self, xshare_server, prompts, reference) -> None:
+        _check_fault_fallback(xshare_server, prompts, reference)
+
+
+def _check_concurrent_replay(xshare_server) -> None:
     """16 concurrent requests: every recorded layer call's keep mask equals the offline policy on the
     recorded router logits; batches really formed and were pruned below the unpruned union; the
     gauges on /metrics equal the last recorded forward, recomputed offline."""
@@ -217,7 +236,7 @@ def _wait_for_traces(folder: Path, timeout_s: float = 30.0) -> list[Path]:
     raise AssertionError(f"the server wrote no trace file into {folder} within {timeout_s:g} s")
 
 
-def test_injected_fault_falls_back_to_unpruned_routing(xshare_server, prompts, reference) -> None:
+def _check_fault_fallback(xshare_server, prompts, reference) -> None:
     """While the test switch's file exists, selection raises inside the server: those requests are
     answered with unpruned routing (the transformers reference without a policy), the fallbacks are
     counted on /metrics and logged, and once the file is gone pruning resumes."""
@@ -263,7 +282,7 @@ def test_ab_compare_against_live_cpu_servers(tmp_path) -> None:
     out = tmp_path / "ab"
     argv = [
         "--model-path", str(tiny_model_dir()), "--launch-command", f"{sys.executable} -m xshare_sglang.testing.cpu_server",
-        "--candidate", json.dumps({"name": "xshare", **XSHARE}), "--repeats", "1", "--concurrency", "4",
+        "--candidate", json.dumps({"name": "xshare", **XSHARE, "log_interval": 1}), "--repeats", "1", "--concurrency", "4",
         "--dataset", "random-ids", "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "8",
         "--gsm8k-questions", "8", "--gsm8k-shots", "1", "--gsm8k-parallel", "4", "--gsm8k-max-new-tokens", "16",
         "--startup-timeout", "300", "--run-timeout", "300", "--stop-timeout", "30", "--output-dir", str(out),
@@ -291,3 +310,26 @@ def test_ab_compare_against_live_cpu_servers(tmp_path) -> None:
     summary = (out / "summary.md").read_text()
     assert "xshare" in summary and "baseline" in summary
     assert (out / "throughput_random-ids.png").stat().st_size > 0
+
+
+def test_tied_checkpoint_is_reported_at_start(tmp_path) -> None:
+    """The tiny model saved the way it was trained (tied embeddings, no ``lm_head.weight``): SGLang's
+    Qwen3-MoE class does not tie, and the plugin says so at start-up."""
+    from safetensors.torch import load_file, save_file
+
+    tied = tmp_path / "tied-tiny-moe"
+    tied.mkdir()
+    for path in tiny_model_dir().iterdir():
+        if path.suffix in (".json",) and path.name != "config.json":
+            (tied / path.name).write_bytes(path.read_bytes())
+    config = json.loads((tiny_model_dir() / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    weights = load_file(tiny_model_dir() / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, tied / "model.safetensors", metadata={"format": "pt"})
+    server = LiveServer(["--model-path", str(tied), *pruner_flags(XSHARE)], tmp_path / "server.log").start()
+    try:
+        assert "the checkpoint asks for tied embeddings" in server.log()
+        assert "Qwen3MoeForCausalLM keeps a separate lm_head" in server.log()
+    finally:
+        server.stop()

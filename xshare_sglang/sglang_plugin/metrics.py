@@ -51,6 +51,8 @@ class MetricsReporter:
         self.runtime.metrics.zero_()
         calls = sums[:, 3]
         seen = calls > 0
+        if self.prometheus:
+            self._export(sums)  # also when every call fell back: the fallbacks must still be counted
         if not bool(seen.any()):
             return None
         per_layer = sums[seen, :3] / calls[seen, None]
@@ -72,8 +74,6 @@ class MetricsReporter:
             100.0 * means[2],
             self.runtime.faults,
         )
-        if self.prometheus:
-            self._export(sums)
         return summary
 
     def _export(self, sums) -> None:

@@ -162,12 +162,19 @@ def _trace_recorder(settings, runtime, runner):
         settings.trace_dir,
         settings.trace_max_mb,
     )
-    if server_args is not None and not getattr(server_args, "disable_cuda_graph", True):
+    if server_args is not None and _decode_graphs_on(server_args):
         logger.warning(
             "moe-pruner: CUDA graphs are on, so decode forwards replayed from a graph are not recorded; "
             "add --disable-cuda-graph to a recording run"
         )
     return recorder
+
+
+def _decode_graphs_on(server_args) -> bool:
+    """Whether decode forwards may replay from CUDA graphs (then they run no Python hook)."""
+    if getattr(server_args, "disable_cuda_graph", False) or getattr(server_args, "device", "cuda") == "cpu":
+        return False
+    return getattr(server_args, "cuda_graph_backend_decode", None) != "disabled"
 
 
 def _server_args():

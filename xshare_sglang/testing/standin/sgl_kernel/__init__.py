@@ -8,10 +8,11 @@ on its CPU engine path:
 
 * ``scalar_types`` comes from the installed wheel's own pure-Python ``scalar_type.py`` (SGLang's
   quantization code inspects those objects at import time, so an imitation would break start-up);
-* ``assign_req_to_token_pool_cpu`` is a torch implementation (it is reached when a speculative
-  worker allocates KV-cache slots);
-* every other name is imported by SGLang at start-up but never called when serving without
-  speculative decoding; calling one raises :class:`NotImplementedError` naming the op.
+* the CPU ops SGLang imports by name (KV-cache slot bookkeeping and copies, EAGLE draft-tree
+  building and greedy verification) are torch implementations in ``_ops.py``, each tested against
+  SGLang's own Triton kernel run under Triton's interpreter.  Serving without speculative decoding
+  calls none of them except ``assign_req_to_token_pool_cpu``; EAGLE on CPU needs more than these ops
+  (see ``docs/cpu-server.md``).
 
 Names SGLang imports inside ``try/except ImportError`` (``rmsnorm``, the ``allreduce`` submodule, ...)
 are deliberately absent, so SGLang takes its own fallbacks.  Never install this in production.
@@ -23,7 +24,16 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ._ops import assign_req_to_token_pool_cpu, unavailable
+from ._ops import (
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    assign_req_to_token_pool_cpu,
+    build_tree_kernel_efficient_cpu,
+    copy_all_layer_kv_cache_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+    verify_tree_greedy_cpu,
+)
 
 __version__ = "0.0.0+xshare-cpu-standin"
 
@@ -51,16 +61,6 @@ def _load_wheel_scalar_type():
 scalar_type = _load_wheel_scalar_type()
 ScalarType = scalar_type.ScalarType
 scalar_types = scalar_type.scalar_types
-
-# Imported unconditionally by SGLang 0.5.23 on the CPU path, called only by features this stand-in
-# does not cover (KV-cache copies between layers, EAGLE draft trees and their cache slots).
-copy_all_layer_kv_cache_cpu = unavailable("copy_all_layer_kv_cache_cpu")
-build_tree_kernel_efficient_cpu = unavailable("build_tree_kernel_efficient_cpu")
-verify_tree_greedy_cpu = unavailable("verify_tree_greedy_cpu")
-assign_draft_cache_locs_contiguous_cpu = unavailable("assign_draft_cache_locs_contiguous_cpu")
-assign_extend_cache_locs_cpu = unavailable("assign_extend_cache_locs_cpu")
-fill_accept_out_cache_loc_cpu = unavailable("fill_accept_out_cache_loc_cpu")
-fill_bonus_tokens_cpu = unavailable("fill_bonus_tokens_cpu")
 
 __all__ = [
     "STANDIN",

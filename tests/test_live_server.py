@@ -333,3 +333,29 @@ def test_tied_checkpoint_is_reported_at_start(tmp_path) -> None:
         assert "Qwen3MoeForCausalLM keeps a separate lm_head" in server.log()
     finally:
         server.stop()
+
+
+def test_tiny_draft_model_matches_transformers(tmp_path) -> None:
+    """The shipped tiny draft (dense Qwen3, tied embeddings, which SGLang's Qwen3 class does tie) gives
+    the same greedy tokens under SGLang as under transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    draft_dir = tiny_model_dir().parent / "tiny_draft"
+    model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(draft_dir)
+    prompts = [tokenizer(heldout_texts(tiny_model_dir(), d)[0])["input_ids"][:24] for d in ("code", "prose")]
+    server = LiveServer(["--model-path", str(draft_dir), "--dtype", "float32"], tmp_path / "server.log").start()
+    try:
+        for prompt in prompts:
+            with torch.no_grad():
+                out = model.generate(
+                    torch.tensor([prompt]),
+                    max_new_tokens=NEW_TOKENS,
+                    min_new_tokens=NEW_TOKENS,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            assert post_ids(server, prompt) == out[0, len(prompt) :].tolist()
+    finally:
+        server.stop()

@@ -106,6 +106,17 @@ def copy_all_layer_kv_cache_cpu(
         buffer[tgt] = buffer[src]  # the gather makes a copy first: all reads happen before any write
 
 
+def _check_tree_tables(bs: int, draft_tokens: int, index, next_token, next_sibling) -> None:
+    """The three ``retrive_*`` tables of a draft tree must each be [batch, draft tokens]."""
+    for name, tensor in (
+        ("retrive_index", index),
+        ("retrive_next_token", next_token),
+        ("retrive_next_sibling", next_sibling),
+    ):
+        if tensor.shape != (bs, draft_tokens):
+            raise ValueError(f"{name} {tuple(tensor.shape)} is not [batch={bs}, draft tokens={draft_tokens}]")
+
+
 def build_tree_kernel_efficient_cpu(
     parent_list: torch.Tensor,
     selected_index: torch.Tensor,
@@ -165,13 +176,7 @@ def build_tree_kernel_efficient_cpu(
     bs = verified_seq_len.numel()
     if selected_index.shape != (bs, n - 1):
         raise ValueError(f"selected_index {tuple(selected_index.shape)} is not [batch={bs}, draft_token_num-1={n - 1}]")
-    for name, tensor in (
-        ("retrive_index", retrive_index),
-        ("retrive_next_token", retrive_next_token),
-        ("retrive_next_sibling", retrive_next_sibling),
-    ):
-        if tensor.shape != (bs, n):
-            raise ValueError(f"{name} {tuple(tensor.shape)} is not [batch={bs}, draft_token_num={n}]")
+    _check_tree_tables(bs, n, retrive_index, retrive_next_token, retrive_next_sibling)
     if positions.numel() != bs * n:
         raise ValueError(f"positions has {positions.numel()} entries, not batch * draft_token_num = {bs * n}")
     if parent_list.dim() != 2 or parent_list.shape[0] != bs:
@@ -286,13 +291,7 @@ def verify_tree_greedy_cpu(
     if candidates.dim() != 2:
         raise ValueError(f"candidates {tuple(candidates.shape)} is not [batch, draft_tokens]")
     bs, draft_tokens = candidates.shape
-    for name, tensor in (
-        ("retrive_index", retrive_index),
-        ("retrive_next_token", retrive_next_token),
-        ("retrive_next_sibling", retrive_next_sibling),
-    ):
-        if tensor.shape != (bs, draft_tokens):
-            raise ValueError(f"{name} {tuple(tensor.shape)} is not [batch={bs}, draft_tokens={draft_tokens}]")
+    _check_tree_tables(bs, draft_tokens, retrive_index, retrive_next_token, retrive_next_sibling)
     if target_predict.numel() != bs * draft_tokens:
         raise ValueError(f"target_predict has {target_predict.numel()} entries, not {bs * draft_tokens}")
     if accept_index.dim() != 2 or accept_index.shape[0] != bs or accept_index.shape[1] < 1:

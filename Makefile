@@ -19,7 +19,7 @@ demo: $(STAMP)
 # SGLang's real server on this machine's CPU: the shipped tiny MoE model, pruned by xshare, on port 30000
 serve-cpu: $(STAMP)
 	$(BIN)/python -m xshare_sglang.testing.cpu_server --port 30000 --enable-metrics \
-		--moe-pruner xshare --moe-pruner-k0 1 --moe-pruner-budget 4
+		--moe-pruner xshare --moe-pruner-k0 1 --moe-pruner-budget 4 --moe-pruner-log-interval 10
 
 test: lint
 	$(BIN)/python -m pytest

@@ -21,6 +21,37 @@ def unavailable(name: str) -> Callable[..., None]:
     return op
 
 
+def _request_slices(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    pool_len: int,
+) -> list[tuple[int, int, int, int]]:
+    """``(row, start, end, packed offset)`` of each request: its slice ``[start, end)`` of its
+    ``req_to_token`` row, and where that slice sits when the slices are packed request after request.
+
+    Raises
+    ------
+    ValueError
+        When ``pool_len`` is not the table's row length, the offsets do not match the requests, or a
+        slice is not inside a row.
+    """
+    if req_to_token.dim() != 2 or req_to_token.shape[1] != pool_len:
+        raise ValueError(f"pool_len={pool_len} but req_to_token is {tuple(req_to_token.shape)}")
+    rows = req_pool_indices.reshape(-1).tolist()
+    starts, ends = start_offset.reshape(-1).tolist(), end_offset.reshape(-1).tolist()
+    if not len(rows) == len(starts) == len(ends):
+        raise ValueError(f"{len(rows)} requests but {len(starts)} start and {len(ends)} end offsets")
+    out, packed = [], 0
+    for b, (row, start, end) in enumerate(zip(rows, starts, ends, strict=True)):
+        if not 0 <= start <= end <= pool_len:
+            raise ValueError(f"request {b}: slice [{start}, {end}) is not inside a row of {pool_len}")
+        out.append((row, start, end, packed))
+        packed += end - start
+    return out
+
+
 def assign_req_to_token_pool_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -45,16 +76,9 @@ def assign_req_to_token_pool_cpu(
     pool_len : int
         Row length of ``req_to_token`` (checked against the table).
     """
-    if req_to_token.shape[1] != pool_len:
-        raise ValueError(f"pool_len={pool_len} but req_to_token has rows of {req_to_token.shape[1]}")
-    lengths = (end_offset - start_offset).long()
-    if bool((lengths < 0).any()):
-        raise ValueError("end_offset is before start_offset for some request")
-    sources = torch.cumsum(lengths, 0) - lengths
-    for row, start, length, source in zip(
-        req_pool_indices.tolist(), start_offset.tolist(), lengths.tolist(), sources.tolist(), strict=True
-    ):
-        req_to_token[row, start : start + length] = out_cache_loc[source : source + length].to(req_to_token.dtype)
+    flat = out_cache_loc.reshape(-1)
+    for row, start, end, packed in _request_slices(req_pool_indices, req_to_token, start_offset, end_offset, pool_len):
+        req_to_token[row, start:end] = flat[packed : packed + end - start].to(req_to_token.dtype)
 
 
 def _byte_rows(address: int, rows: int, row_bytes: int) -> torch.Tensor:
@@ -413,22 +437,13 @@ def assign_extend_cache_locs_cpu(
     pool_len : int
         Row length of ``req_to_token`` (checked against the table).
     """
-    if req_to_token.dim() != 2 or req_to_token.shape[1] != pool_len:
-        raise ValueError(f"pool_len={pool_len} but req_to_token is {tuple(req_to_token.shape)}")
-    starts, ends = start_offset.reshape(-1).tolist(), end_offset.reshape(-1).tolist()
-    rows = req_pool_indices.reshape(-1).tolist()
-    if not len(rows) == len(starts) == len(ends):
-        raise ValueError(f"{len(rows)} requests but {len(starts)} start and {len(ends)} end offsets")
-    total = sum(end - start for start, end in zip(starts, ends, strict=True))
+    slices = _request_slices(req_pool_indices, req_to_token, start_offset, end_offset, pool_len)
+    total = slices[-1][3] + slices[-1][2] - slices[-1][1] if slices else 0
     if out_cache_loc.numel() < total:
         raise ValueError(f"out_cache_loc has {out_cache_loc.numel()} entries, fewer than the {total} gathered")
     flat_out = out_cache_loc.view(-1)
-    written = 0
-    for b, (row, start, end) in enumerate(zip(rows, starts, ends, strict=True)):
-        if not 0 <= start <= end <= pool_len:
-            raise ValueError(f"request {b}: slice [{start}, {end}) is not inside a row of {pool_len}")
-        flat_out[written : written + end - start] = req_to_token[row, start:end]
-        written += end - start
+    for row, start, end, packed in slices:
+        flat_out[packed : packed + end - start] = req_to_token[row, start:end]
 
 
 def fill_accept_out_cache_loc_cpu(

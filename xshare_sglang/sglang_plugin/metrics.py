@@ -2,15 +2,21 @@
 
 The routing hooks accumulate, per MoE layer and on the device, the sums of activated experts, kept
 experts and retained score mass, and the number of calls (``PrunerRuntime.metrics``).  Every
-``log_interval`` pruned forwards this reads them with one device-to-host copy (the only host sync
-the plugin does), logs the means, exports them when SGLang runs with ``--enable-metrics``, and
-zeroes the accumulators in place (CUDA graphs keep writing into the same tensor).
+``log_interval`` pruned forwards the reporter takes a snapshot without stalling the host: the
+accumulators are copied into a pinned host buffer with a non-blocking copy on the current stream,
+followed by an event and by zeroing them in place (CUDA graphs keep writing into the same tensor).
+The snapshot is read on a later forward, once its event has completed (``Event.query``, which never
+waits): it is logged, and exported when SGLang runs with ``--enable-metrics``.  Nothing on the
+forward path waits for the device.  While a snapshot is still in flight the next interval is
+skipped, and the accumulators keep summing, so no layer call is lost.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+import torch
 
 from .runtime import PrunerRuntime
 
@@ -36,19 +42,60 @@ class MetricsReporter:
         self._gauges: dict[str, Any] | None = None
         self._reported_faults = 0
         self._layer_ids = [state.layer_id for state in sorted(runtime.layers.values(), key=lambda s: s.row)]
+        metrics = runtime.metrics
+        #: copies from a CUDA device are asynchronous; from host memory there is nothing to wait for
+        self.asynchronous = metrics.device.type == "cuda"
+        self._host = torch.empty(metrics.shape, dtype=metrics.dtype, pin_memory=self.asynchronous)
+        self._ready: Any = None  # event recorded after the copy in flight
+        self._pending = False
 
     def on_pruned_forward(self) -> None:
-        """Count one pruned forward; report when the interval is reached."""
+        """Count one pruned forward: read a snapshot whose copy completed, take one at the interval."""
         runtime = self.runtime
         runtime.pruned_forwards += 1
+        if self._pending:
+            self.collect()
         interval = runtime.settings.log_interval
-        if interval and runtime.pruned_forwards % interval == 0:
-            self.report()
+        if interval and runtime.pruned_forwards % interval == 0 and not self._pending:
+            self.snapshot()
+            self.collect()
+
+    def snapshot(self) -> bool:
+        """Copy the accumulators to the host buffer without waiting and zero them; False while the
+        previous snapshot has not been read yet (the accumulators then keep summing)."""
+        if self._pending:
+            return False
+        metrics = self.runtime.metrics
+        if self.asynchronous:
+            self._host.copy_(metrics, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host.copy_(metrics)
+        metrics.zero_()
+        self._pending = True
+        return True
+
+    def collect(self) -> dict[str, float] | None:
+        """Log and export the snapshot if its copy completed (never waits); the means logged, or None
+        (no snapshot ready, or no layer call in it)."""
+        if not self._pending or (self._ready is not None and not self._ready.query()):
+            return None
+        self._pending, self._ready = False, None
+        return self._publish(self._host.clone())
 
     def report(self) -> dict[str, float] | None:
-        """Read, log, export and reset the accumulators; returns the means logged (None if no call)."""
-        sums = self.runtime.metrics.to("cpu", copy=True)
-        self.runtime.metrics.zero_()
+        """Snapshot, wait for the copy and publish: for shutdown and tests, never on the forward path."""
+        if self._pending and self._ready is not None:
+            self._ready.synchronize()
+        summary = self.collect()
+        if summary is not None or not self.snapshot():
+            return summary
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self.collect()
+
+    def _publish(self, sums: torch.Tensor) -> dict[str, float] | None:
         calls = sums[:, 3]
         seen = calls > 0
         if self.prometheus:

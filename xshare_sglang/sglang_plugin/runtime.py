@@ -4,8 +4,10 @@ State published by the forward hooks (:class:`ForwardScope`) says whether the cu
 to prune and how it is laid out; the routing hooks then, per MoE layer call of the target model:
 
 1. :meth:`PrunerRuntime.begin_call` - is this layer call pruned?  (target model, pruned phase);
-2. :meth:`PrunerRuntime.select_and_mask` - compute the keep mask from the router logits and mask
-   the logits (in place) and the correction bias (into a per-layer buffer);
+2. :meth:`PrunerRuntime.select_and_mask` - compute the keep mask from the router logits; with
+   ``substitution`` coverage also mask the logits (in place) and the correction bias (into a
+   per-layer buffer), so SGLang routes each token among the kept experts; with ``truncation`` the
+   logits stay as they are and each token keeps its natural picks;
 3. :meth:`PrunerRuntime.rewrite` - after SGLang routed: leftover picks and padding rows to ``-1``,
    and the layer's metrics, accumulated on the device.
 
@@ -169,7 +171,8 @@ class PrunerRuntime:
     def select_and_mask(
         self, call: LayerCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Keep mask of this call; router logits masked in place, bias masked into a buffer.
+        """Keep mask of this call; with substitution coverage, router logits masked in place and the
+        bias masked into a buffer (truncation coverage leaves both untouched).
 
         Never raises: on any error the inputs come back untouched and the call stays unpruned.
         """
@@ -201,6 +204,10 @@ class PrunerRuntime:
                 stats_out=layer.stats,
                 token_weights=token_weights,
             )
+            if self.scope.cfg.coverage == "truncation":
+                # every token keeps its natural routing; the rewrite drops the picks outside the mask
+                call.masked = True
+                return router_logits, correction_bias
             masked_bias = None
             if correction_bias is not None and correction_bias.dim() == 1:
                 if layer.masked_bias is None or layer.masked_bias.dtype != correction_bias.dtype:

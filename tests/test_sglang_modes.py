@@ -67,6 +67,15 @@ def _as_sets(ids, weights, rows):
     return [{int(e): float(w) for e, w in zip(ids[t], weights[t], strict=True) if int(e) >= 0} for t in range(rows)]
 
 
+def _assert_same_routing(ids, weights, want_ids, want_weights, rows) -> None:
+    """Per token: the same experts, with the same weights (order inside a row aside)."""
+    pairs = zip(_as_sets(ids, weights, rows), _as_sets(want_ids, want_weights, rows), strict=True)
+    for t, (mine, ref) in enumerate(pairs):
+        assert mine.keys() == ref.keys(), t
+        for e in mine:
+            assert mine[e] == pytest.approx(ref[e], abs=1e-5), (t, e)
+
+
 @pytest.fixture(autouse=True)
 def _hooks():
     apply_routing_hooks()
@@ -90,11 +99,7 @@ def test_truncation_coverage_keeps_natural_picks(policy) -> None:
     keep = select_experts_mask(logits, pruner, top_k=TOP_K, num_valid_tokens=NUM_VALID)
     assert keep.sum() < NUM_EXPERTS
     want_ids, want_weights = route_within(logits, keep, top_k=TOP_K, coverage="truncation", num_valid_tokens=NUM_VALID)
-    mine, ref = _as_sets(ids, weights, NUM_TOKENS), _as_sets(want_ids, want_weights, NUM_TOKENS)
-    for t in range(NUM_TOKENS):
-        assert mine[t].keys() == ref[t].keys(), t
-        for e in mine[t]:
-            assert mine[t][e] == pytest.approx(ref[t][e], abs=1e-5)
+    _assert_same_routing(ids, weights, want_ids, want_weights, NUM_TOKENS)
     # truncation really differs from substitution here: some token lost a slot instead of a swap
     sub_ids, _ = route_within(logits, keep, top_k=TOP_K, coverage="substitution", num_valid_tokens=NUM_VALID)
     assert (ids[:NUM_VALID] < 0).sum() > (sub_ids[:NUM_VALID] < 0).sum()
@@ -195,3 +200,166 @@ def test_metrics_report_runs_without_host_sync_on_cuda() -> None:
     torch.cuda.synchronize()
     reporter.report()
     assert sum(float(sums[0, 3]) for sums in published) == 5
+
+
+# ---------------------------------------------------------------------------------- redundant experts
+L_EXPERTS, REDUNDANT = 16, 4
+
+
+def _model(config, *, num_experts: int, num_fused_shared_experts: int = 0):
+    from tests.sglang_helpers import stand_in_experts, stand_in_topk
+
+    model = torch.nn.Module()
+    model.topk = stand_in_topk(config, layer_id=config.layer_id)
+    model.experts = stand_in_experts(
+        layer_id=config.layer_id, num_experts=num_experts, num_fused_shared_experts=num_fused_shared_experts
+    )
+    return model
+
+
+def _placement(physical_to_logical: list[int], ep_size: int = 2):
+    """SGLang's ``ExpertLocationMetadata`` for one layer, as ``--ep-num-redundant-experts`` builds it,
+    and the matching ``ExpertLocationDispatchInfo`` (static dispatch: each logical expert goes to its
+    last replica, so replicas really receive tokens)."""
+    from sglang.srt.eplb.expert_location import ExpertLocationMetadata
+    from sglang.srt.eplb.expert_location_dispatch import ExpertLocationDispatchInfo
+
+    p2l = torch.tensor([physical_to_logical])
+    num_physical = p2l.shape[1]
+    num_logical = int(p2l.max()) + 1
+    l2all = torch.full((1, num_logical, num_physical), -1, dtype=torch.long)
+    for slot, expert in enumerate(physical_to_logical):
+        row = l2all[0, expert]
+        row[int((row == -1).nonzero()[0, 0])] = slot
+    valid = (l2all != -1).sum(-1)
+    meta = ExpertLocationMetadata(
+        physical_to_logical_map=p2l,
+        physical_to_logical_map_cpu=p2l,
+        logical_to_all_physical_map=l2all,
+        logical_to_all_physical_map_cpu=l2all,
+        logical_to_all_physical_map_num_valid=valid,
+        ep_size=ep_size,
+        logical_to_rank_dispatch_physical_map=None,
+    )
+    last_replica = l2all[0].gather(1, (valid[0] - 1)[:, None])[:, 0]
+    info = ExpertLocationDispatchInfo("static", last_replica, l2all[0], valid[0], num_physical)
+    return meta, info
+
+
+@pytest.fixture
+def placement(monkeypatch):
+    from sglang.srt.runtime_context import get_resources
+
+    resources = get_resources()
+
+    def publish(physical_to_logical):
+        meta, info = _placement(physical_to_logical)
+        monkeypatch.setattr(resources, "expert_location_metadata", meta, raising=False)
+        return meta, info
+
+    yield publish
+
+
+def test_redundant_experts_are_pruned_over_the_logical_experts(placement) -> None:
+    """``--ep-num-redundant-experts 4``: ``FusedMoE`` holds 20 expert slots, the router scores the 16
+    logical experts.  The runtime selects over the 16 (before: over 20, so every call failed the
+    shape check and ran unpruned while the log said active), and each physical pick's logical expert
+    is kept; tokens sent to a replica are still routed exactly as the reference routes them."""
+    from xshare_sglang.sglang_plugin.model_layers import build_runtime
+
+    physical_to_logical = [*range(L_EXPERTS), 0, 1, 2, 3]
+    _, info = placement(physical_to_logical)
+    config = _softmax_config(top_k=4)
+    model = _model(config, num_experts=L_EXPERTS + REDUNDANT)
+    pruner = PrunerConfig(policy="xshare", k0=1, budget=2)
+    runtime = build_runtime(PluginSettings(pruner=pruner), model, "cpu")
+    state = runtime.layers[id(config)]
+    assert state.num_experts == L_EXPERTS
+    runtime.num_valid_buffer.fill_(NUM_VALID)
+    runtime.enter(ForwardScope(phase="decode", num_valid=runtime.num_valid_buffer, cfg=pruner))
+    set_runtime(runtime)
+    logits = _logits(5, num_experts=L_EXPERTS)
+    logits[:, :4] += 2.0  # the replicated experts are popular: their replicas get picked
+    ids, weights = _route(
+        config, logits, expert_location_dispatch_info=info, num_token_non_padded=torch.tensor(NUM_VALID)
+    )
+    assert runtime.faults == 0
+    keep = select_experts_mask(logits, pruner, top_k=4, num_valid_tokens=NUM_VALID)
+    assert torch.equal(state.keep, keep) and keep.sum() < L_EXPERTS
+    live = ids[:NUM_VALID]
+    assert (live >= L_EXPERTS).any()  # replicas were used
+    p2l = torch.tensor(physical_to_logical)
+    logical = torch.where(live >= 0, p2l[live.clamp(min=0).long()], -1)
+    assert keep[logical[logical >= 0]].all()
+    want_ids, want_weights = route_within(logits, keep, top_k=4, num_valid_tokens=NUM_VALID)
+    _assert_same_routing(logical, weights, want_ids, want_weights, NUM_VALID)
+    assert (ids[NUM_VALID:] == -1).all()
+
+
+def test_fused_shared_experts_are_never_pruned(placement) -> None:
+    """Shared-expert fusion (global layout): SGLang appends the shared expert as the last column with
+    id L; the pruner selects over the L routed experts and never drops the shared column."""
+    from xshare_sglang.sglang_plugin.model_layers import build_runtime
+
+    placement(list(range(L_EXPERTS)))
+    config = _softmax_config(top_k=4)
+    model = _model(config, num_experts=L_EXPERTS, num_fused_shared_experts=1)
+    pruner = PrunerConfig(policy="xshare", k0=1, budget=2)
+    runtime = build_runtime(PluginSettings(pruner=pruner), model, "cpu")
+    state = runtime.layers[id(config)]
+    assert state.num_experts == L_EXPERTS
+    ids = torch.tensor([[3, 5, 9, 16], [1, 2, 4, L_EXPERTS]], dtype=torch.int32)
+    weights = torch.full((2, 4), 0.25)
+    state.keep.fill_(False)
+    state.keep[[3, 1]] = True
+    from xshare_sglang.sglang_plugin.runtime import LayerCall
+
+    runtime.rewrite(LayerCall(state, None, masked=True, ids_physical=True), ids, weights)
+    assert ids.tolist() == [[3, -1, -1, L_EXPERTS], [1, -1, -1, L_EXPERTS]]
+    assert weights[:, 3].tolist() == [0.25, 0.25]
+
+
+@pytest.mark.parametrize(
+    ("fused_shared", "redundant", "a2a", "fragment"),
+    [
+        (1, 0, "deepep", "per-rank expert slots"),
+        (1, REDUNDANT, "none", "--ep-num-redundant-experts"),
+    ],
+)
+def test_unmappable_shared_expert_layouts_are_refused(
+    placement, monkeypatch, fused_shared, redundant, a2a, fragment
+) -> None:
+    """Layouts whose expert ids the pruner cannot map back to the router's experts stop the server at
+    model load with a message naming the flags: per-rank shared slots (DeepEP-class all-to-all with
+    shared-expert fusion; ids renumbered as ``e + (e // L_local) * S``), and fused shared experts next
+    to redundant replicas (SGLang's shared id L collides with the first replica slot)."""
+    from sglang.srt.layers.moe import utils as moe_utils
+
+    from xshare_sglang.sglang_plugin.model_layers import PrunerSetupError, build_runtime
+
+    placement(list(range(L_EXPERTS)) + list(range(redundant)))
+    monkeypatch.setattr(moe_utils, "uses_per_rank_fused_shared_slots", lambda: a2a == "deepep")
+    config = _softmax_config(top_k=4)
+    model = _model(config, num_experts=L_EXPERTS + redundant, num_fused_shared_experts=fused_shared)
+    with pytest.raises(PrunerSetupError, match="disable-shared-experts-fusion") as refused:
+        build_runtime(PluginSettings(pruner=PrunerConfig(policy="xshare", k0=1, budget=2)), model, "cpu")
+    assert fragment in str(refused.value)
+
+
+def test_recorder_sees_the_drops_not_renumbered_ids() -> None:
+    """SGLang hands its expert-distribution recorder a separate tensor of physical routed ids when
+    shared slots are appended or renumbered; the rewrite's drops reach it, its other ids stay."""
+    from xshare_sglang.sglang_plugin.hooks import topk_post_process
+    from xshare_sglang.sglang_plugin.runtime import LayerCall
+
+    config = _softmax_config(top_k=2)
+    runtime = _publish([config], PrunerConfig(policy="oea", k0=1), num_experts=8)
+    state = runtime.layers[id(config)]
+    state.keep.fill_(False)
+    state.keep[[1, 6]] = True
+    runtime.call = LayerCall(state, None, masked=True)
+    renumbered = torch.tensor([[1, 7, 8], [6, 2, 8]], dtype=torch.int32)  # ids as the dispatcher sees them
+    recorder = torch.tensor([[1, 6], [5, 2]], dtype=torch.int32)  # SGLang's physical ids before renumbering
+    weights = torch.full((2, 3), 0.5)
+    topk_post_process.hook((renumbered, weights, recorder))
+    assert recorder.tolist()[1] == [5, -1]  # the drop mirrored, the physical id 5 not overwritten by 6

@@ -31,15 +31,18 @@ class MoeLayer(NamedTuple):
     """One MoE layer of the model: SGLang's ``TopK`` and ``FusedMoE`` modules."""
 
     topk: Any
-    num_experts: int  # routed experts (fused shared experts excluded)
+    num_experts: int  # logical routed experts: the router's width (shared slots, replicas excluded)
     experts: Any
 
 
 def find_moe_layers(model: torch.nn.Module) -> list[MoeLayer]:
-    """Every MoE layer of ``model``, by layer id.
+    """Every MoE layer of ``model``, by layer id, with its count of logical routed experts.
 
-    The expert count comes from the layer's ``FusedMoE`` module (``num_experts``), matched by
-    ``layer_id``.
+    The router scores the logical routed experts; ``FusedMoE.num_experts`` also counts the fused
+    shared-expert slots and the redundant replicas of ``--ep-num-redundant-experts``, so the logical
+    count comes from SGLang's expert-location metadata where the model has one, else from the
+    ``FusedMoE`` module without its shared slots.  Layouts whose ids the pruner cannot map exactly
+    are refused (:func:`logical_routed_experts`).
     """
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.layers.moe.topk import TopK
@@ -55,13 +58,55 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoeLayer]:
     if missing:
         raise PrunerSetupError(f"moe-pruner: no FusedMoE module found for the TopK of layers {missing}")
     return [
-        MoeLayer(
-            topks[layer_id],
-            experts[layer_id].num_experts - experts[layer_id].num_fused_shared_experts,
-            experts[layer_id],
-        )
+        MoeLayer(topks[layer_id], logical_routed_experts(topks[layer_id], experts[layer_id]), experts[layer_id])
         for layer_id in sorted(topks)
     ]
+
+
+def logical_routed_experts(topk: Any, experts: Any) -> int:
+    """The experts a layer's router scores (the width of its router logits).
+
+    Raises :class:`PrunerSetupError` for the expert layouts whose ids the pruner cannot map back
+    to the router's experts: per-rank fused shared-expert slots (DeepEP-class all-to-all with
+    shared-expert fusion), and fused shared experts next to redundant replicas.
+    """
+    from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+
+    num_shared = int(getattr(experts, "num_fused_shared_experts", 0) or 0)
+    if num_shared:
+        from sglang.srt.layers.moe.utils import has_per_rank_fused_shared_slots
+
+        if has_per_rank_fused_shared_slots(num_shared):
+            raise PrunerSetupError(
+                f"moe-pruner: layer {topk.layer_id} fuses its shared expert into per-rank expert slots "
+                "(--moe-a2a-backend deepep/mooncake/mori/pplx/megamoe with shared-expert fusion), whose "
+                "renumbered ids the pruner does not map; start with --disable-shared-experts-fusion, or "
+                "without --moe-pruner"
+            )
+    physical_routed = experts.num_experts - num_shared
+    meta = get_global_expert_location_metadata()
+    if meta is None:
+        logical = physical_routed
+    else:
+        logical = meta.num_logical_experts
+        if physical_routed != meta.num_physical_experts:
+            raise PrunerSetupError(
+                f"moe-pruner: layer {topk.layer_id} holds {physical_routed} routed expert slots, but SGLang's "
+                f"expert placement has {meta.num_physical_experts}; the pruner cannot map its expert ids"
+            )
+    if num_shared and physical_routed != logical:
+        raise PrunerSetupError(
+            f"moe-pruner: layer {topk.layer_id} fuses {num_shared} shared expert(s) next to "
+            f"{physical_routed - logical} redundant replicas (--ep-num-redundant-experts), where SGLang's shared "
+            "slot ids overlap the replicas; start with --disable-shared-experts-fusion or --ep-num-redundant-experts 0"
+        )
+    bias = getattr(topk.topk_config, "correction_bias", None)
+    if isinstance(bias, torch.Tensor) and bias.dim() == 1 and bias.shape[0] != logical:
+        raise PrunerSetupError(
+            f"moe-pruner: layer {topk.layer_id} has a correction bias over {bias.shape[0]} experts, but "
+            f"{logical} routed experts were found"
+        )
+    return logical
 
 
 def expert_bytes_by_layer(model: torch.nn.Module) -> dict[int, int]:
@@ -134,12 +179,10 @@ def expert_owner_of(layer_id: int) -> torch.Tensor | None:
 
 
 def physical_to_logical(layer_id: int) -> torch.Tensor | None:
-    """Logical expert of each physical expert of a layer when SGLang remaps experts, else None."""
+    """Logical expert of each physical expert slot of a layer (a view that SGLang's rebalances
+    update in place), or None when there is no expert placement."""
     from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
-    from sglang.srt.layers.moe.topk import is_expert_remapping_enabled
 
-    if not is_expert_remapping_enabled():
-        return None
     meta = get_global_expert_location_metadata()
     return None if meta is None else meta.physical_to_logical_map[layer_id]
 

@@ -98,6 +98,10 @@ class LayerCall:
     num_valid: torch.Tensor | None
     masked: bool = False
     token_weights: torch.Tensor | None = None
+    # SGLang maps the routed ids to physical expert slots (it was given an expert-location dispatch
+    # info: EPLB, redundant experts, a non-trivial initial placement); the rewrite then reads each
+    # id's logical expert from the placement's physical-to-logical map
+    ids_physical: bool = False
 
 
 @dataclass
@@ -141,7 +145,9 @@ class PrunerRuntime:
         return self.settings.config_for(phase)
 
     # ------------------------------------------------------------------ per layer call
-    def begin_call(self, topk_config: Any, num_token_non_padded: torch.Tensor | None) -> LayerCall | None:
+    def begin_call(
+        self, topk_config: Any, num_token_non_padded: torch.Tensor | None, *, ids_physical: bool = False
+    ) -> LayerCall | None:
         """Start a layer call; None when it is not to be pruned (draft model, phase, unknown layer)."""
         self.call = None
         if not self.pruning_phase():
@@ -156,7 +162,7 @@ class PrunerRuntime:
             self.record_fault(layer, exc)
             self.scope.cfg = None
             return None
-        self.call = LayerCall(layer, num_valid, token_weights=token_weights)
+        self.call = LayerCall(layer, num_valid, token_weights=token_weights, ids_physical=ids_physical)
         return self.call
 
     def end_call(self) -> None:
@@ -232,7 +238,9 @@ class PrunerRuntime:
         layer = call.layer
         if self.recorder is not None and self.recorder.current is not None:
             self.recorder.record_keep(layer.row, layer.keep)
-        p2l = self.physical_to_logical(layer.layer_id) if self.physical_to_logical is not None else None
+        p2l = None
+        if call.ids_physical and self.physical_to_logical is not None:
+            p2l = self.physical_to_logical(layer.layer_id)
         rewrite_routing(
             topk_ids,
             topk_weights,

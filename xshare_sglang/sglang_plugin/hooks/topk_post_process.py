@@ -6,8 +6,9 @@ without kept experts) still picks pruned experts at weight ~0, and CUDA-graph pa
 too; the fused MoE kernel would read those experts.  This is the last step before SGLang's
 expert-distribution recorder, so rewriting here keeps the recorder consistent.
 How: in place, set leftover picks and padding rows to -1 with weight 0 (one Triton launch that also
-accumulates the layer's metrics); mirror the change into the recorder's id tensor when it is a
-separate tensor.
+accumulates the layer's metrics); mirror the drops into the recorder's id tensor when it is a
+separate tensor (its routed columns come first in every layout SGLang uses, and may hold other ids
+than ``topk_ids``, e.g. before a shared-slot renumbering, so only the dropped slots are copied).
 Remove when: SGLang's router accepts a keep mask and drops pruned experts itself.
 """
 
@@ -27,5 +28,9 @@ def hook(result, *args, **kwargs):
     topk_ids, topk_weights, recorder_ids = result
     runtime.rewrite(call, topk_ids, topk_weights)
     if recorder_ids is not None and recorder_ids.data_ptr() != topk_ids.data_ptr():
-        recorder_ids.copy_(topk_ids[:, : recorder_ids.shape[1]])
+        width = recorder_ids.shape[1]
+        dropped = topk_ids[:, :width] < 0
+        if call.layer.fill_dropped:  # dropped slots hold a weight-0 filler expert instead of -1
+            dropped |= topk_weights[:, :width] == 0
+        recorder_ids.masked_fill_(dropped, -1)
     return None

@@ -4,7 +4,8 @@ Why: the masking and rewrite points below it see neither the layer nor the TopK 
 the one routing entry every STANDARD MoE layer goes through, with both.
 How: hand the router logits to the trace recorder when a recorded forward is running (before any
 masking); open a "layer call" in the runtime when the target model is being pruned (the config
-object identifies the target model's layers, so the draft model's are never touched), run SGLang's
+object identifies the target model's layers, so the draft model's are never touched; an expert-
+location dispatch info tells that SGLang will map the routed ids to physical slots), run SGLang's
 function unchanged, close the call.
 Remove when: SGLang routes through a pluggable TopK whose subclass can carry this state.
 """
@@ -24,7 +25,11 @@ def hook(original, *args, **kwargs):
     topk_config = kwargs["topk_config"] if "topk_config" in kwargs else args[2]
     if runtime.recorder is not None and runtime.recorder.current is not None:
         _record(runtime, topk_config, kwargs["router_logits"] if "router_logits" in kwargs else args[1])
-    call = runtime.begin_call(topk_config, kwargs.get("num_token_non_padded"))
+    call = runtime.begin_call(
+        topk_config,
+        kwargs.get("num_token_non_padded"),
+        ids_physical=kwargs.get("expert_location_dispatch_info") is not None,
+    )
     if call is None:
         return original(*args, **kwargs)
     try:

@@ -363,3 +363,74 @@ def test_recorder_sees_the_drops_not_renumbered_ids() -> None:
     weights = torch.full((2, 3), 0.5)
     topk_post_process.hook((renumbered, weights, recorder))
     assert recorder.tolist()[1] == [5, -1]  # the drop mirrored, the physical id 5 not overwritten by 6
+
+
+# ---------------------------------------------------------------------------------- ECHO under CUDA graphs
+@pytest.fixture
+def echo_hooks():
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from xshare_sglang.sglang_plugin import hooks, liveness
+    from xshare_sglang.sglang_plugin.echo_runtime import set_echo_runtime
+
+    if liveness.unhooked(hooks.ECHO_HOOKS):
+        for module in hooks.ECHO_HOOKS:
+            HookRegistry.register(module.TARGET, module.hook, HookType(module.KIND))
+        HookRegistry.apply_hooks()
+    yield
+    set_echo_runtime(None)
+
+
+def test_echo_buffers_sized_from_sglangs_resolved_limits(echo_hooks, monkeypatch, tmp_path) -> None:
+    """ECHO's candidate buffers are sized, before any draft graph is captured, from the limits SGLang
+    resolved (decode graphs' max batch, running-request limit, draft steps and top-k), not from the
+    operator's raw ``ServerArgs`` (where ``cuda_graph_max_bs`` does not exist and the running-request
+    limit is usually unset): before, they were sized for one row."""
+    from types import SimpleNamespace
+
+    import sglang.srt.runtime_context as runtime_context
+
+    from xshare_sglang.sglang_plugin.echo_runtime import EchoRuntime, set_echo_runtime
+    from xshare_sglang.sglang_plugin.hooks import model_runner_init
+    from xshare_sglang.spec.echo.settings import EchoSettings
+
+    graphs = SimpleNamespace(decode=SimpleNamespace(max_bs=160))
+    monkeypatch.setattr(
+        runtime_context, "get_exec", lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_config=graphs))
+    )
+    monkeypatch.setattr(runtime_context, "get_schedule", lambda: SimpleNamespace(max_running_requests=48))
+    monkeypatch.setattr(
+        runtime_context, "get_spec", lambda: SimpleNamespace(speculative_num_steps=3, speculative_eagle_topk=4)
+    )
+    echo = EchoRuntime(EchoSettings(log_dir=str(tmp_path / "log")))
+    set_echo_runtime(echo)
+    raw_args = SimpleNamespace(speculative_num_steps=None, speculative_eagle_topk=None, max_running_requests=None)
+    model_runner_init._start_echo(SimpleNamespace(server_args=raw_args, device="cpu"))
+    scores = echo._stash[0]
+    assert tuple(scores.shape) == (160, 4 + 2 * 16)
+
+
+def test_echo_buffers_are_never_reallocated(echo_hooks, tmp_path) -> None:
+    """Captured draft graphs copy into the candidate buffers on every replay, so the buffers are never
+    replaced: an eager step with more requests than reserved is a counted fault whose candidates are
+    refused (that step runs SGLang's own tree), and the buffers keep their memory (before, they were
+    reallocated, leaving the graphs writing into freed memory)."""
+    from tests.sglang_helpers import sglang_draft
+    from xshare_sglang.sglang_plugin.echo_runtime import EchoRuntime
+    from xshare_sglang.spec.echo.settings import EchoSettings
+
+    echo = EchoRuntime(EchoSettings(log_dir=str(tmp_path / "log")))
+    echo.reserve(4, 3, 2, "cpu")
+    addresses = [t.data_ptr() for t in echo._stash]
+    echo.stash(*sglang_draft(3, 2, 3, seed=1))
+    fitting = echo.candidates(3, 3, 2)
+    assert fitting is not None and fitting.scores.shape[0] == 3
+    echo.stash(*sglang_draft(6, 2, 3, seed=2))  # more rows than reserved
+    assert echo.faults == 1 and echo.candidates(6, 3, 2) is None
+    echo.stash(*sglang_draft(6, 2, 3, seed=3))
+    assert echo.candidates(4, 3, 2) is None  # a failed step is never served from older candidates
+    assert [t.data_ptr() for t in echo._stash] == addresses
+    echo.reserve(8, 3, 2, "cpu")  # a second reservation keeps the buffers too
+    assert [t.data_ptr() for t in echo._stash] == addresses
+    echo.stash(*sglang_draft(2, 2, 3, seed=4))
+    assert echo.candidates(2, 3, 2) is not None

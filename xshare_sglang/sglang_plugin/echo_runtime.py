@@ -128,6 +128,9 @@ class EchoRuntime:
         self._gates: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._stash: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._stash_shape: tuple[int, int] | None = None
+        # rows the stash hook copied this step (0: it failed); None when it did not run (a replayed
+        # draft graph copied the candidates itself)
+        self._stash_rows: int | None = None
         self.steps = 0
         self.faults = 0
         self._last_fault_log = 0.0
@@ -151,32 +154,39 @@ class EchoRuntime:
     # ----------------------------------------------------------------------------------- stash
 
     def stash(self, score_list, token_list, parents_list) -> None:
-        """Copy this step's draft candidates into buffers owned here (graph-safe: ``copy_`` only)."""
+        """Copy this step's draft candidates into buffers owned here (graph-safe: ``copy_`` only).
+
+        The buffers are allocated once (by :meth:`reserve` before the draft CUDA graphs are
+        captured, or at the first eager step) and never replaced or freed afterwards: captured
+        graphs copy into their memory on every replay.  A step that does not fit is a fault, and
+        :meth:`candidates` refuses it, so that step runs SGLang's own draft tree.
+        """
+        self._stash_rows = 0
         try:
             candidates = DraftCandidates.from_sglang(score_list, token_list, parents_list)
-            rows, width = candidates.scores.shape
+            rows = candidates.scores.shape[0]
             shape = (candidates.num_steps, candidates.topk)
-            buffers = self._stash
-            if buffers is None or buffers[0].shape[0] < rows or self._stash_shape != shape:
+            if self._stash is None:
                 if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError(f"no candidate buffer for {rows} draft rows during CUDA-graph capture")
-                device = candidates.scores.device
-                capacity = max(rows, buffers[0].shape[0] if buffers is not None else 0)
-                buffers = (
-                    torch.zeros((capacity, width), dtype=torch.float32, device=device),
-                    torch.zeros((capacity, width), dtype=torch.int64, device=device),
-                    torch.full((capacity, width), -1, dtype=torch.int64, device=device),
+                    raise RuntimeError("no candidate buffer reserved before the draft CUDA-graph capture")
+                self.reserve(rows, *shape, candidates.scores.device)
+            buffers = self._stash
+            if self._stash_shape != shape or buffers[0].shape[0] < rows:
+                raise RuntimeError(
+                    f"{rows} draft rows of a {shape[0]}-step top-{shape[1]} tree do not fit the candidate buffers "
+                    f"({buffers[0].shape[0]} rows, {self._stash_shape[0]}-step top-{self._stash_shape[1]})"
                 )
-                self._stash, self._stash_shape = buffers, shape
             buffers[0][:rows].copy_(candidates.scores)
             buffers[1][:rows].copy_(candidates.tokens)
             buffers[2][:rows].copy_(candidates.parents)
+            self._stash_rows = rows
         except Exception as exc:
-            self._stash = None
             self.record_fault("copying the draft candidates", exc)
 
     def reserve(self, rows: int, num_steps: int, topk: int, device: torch.device | str) -> None:
-        """Allocate the candidate buffers ahead of CUDA-graph capture."""
+        """Allocate the candidate buffers, once: later calls keep the buffers already there."""
+        if self._stash is not None:
+            return
         width = topk + (num_steps - 1) * topk * topk
         self._stash = (
             torch.zeros((rows, width), dtype=torch.float32, device=device),
@@ -186,7 +196,13 @@ class EchoRuntime:
         self._stash_shape = (num_steps, topk)
 
     def candidates(self, num_requests: int, num_steps: int, topk: int) -> DraftCandidates | None:
+        """This step's candidates of the first ``num_requests`` rows; None when they are not in the
+        buffers (an eager step that did not fit; a replayed draft graph refreshes them without
+        running the stash hook, and always fits: its capture did)."""
+        stashed, self._stash_rows = self._stash_rows, None  # None again until the next eager stash
         if self._stash is None or self._stash_shape != (num_steps, topk) or self._stash[0].shape[0] < num_requests:
+            return None
+        if stashed == 0:
             return None
         scores, tokens, parents = (t[:num_requests] for t in self._stash)
         return DraftCandidates(scores, tokens, parents, num_steps, topk)

@@ -117,18 +117,32 @@ def _start_echo(runner) -> None:
     if missing:
         raise PrunerSetupError(f"xshare-echo: hooks not in place, refusing to start: {', '.join(missing)}")
     echo = get_echo_runtime()
-    args = runner.server_args
-    steps, topk = args.speculative_num_steps, args.speculative_eagle_topk
+    steps, topk, rows = draft_tree_limits()
     if echo is not None and steps and topk and topk > 1:
-        rows = max(
-            int(getattr(args, "cuda_graph_max_bs", 0) or 0), int(getattr(args, "max_running_requests", 0) or 0), 1
-        )
         echo.reserve(rows, steps, topk, runner.device)
+        logger.info("xshare-echo: candidate buffers for %d draft rows (%d steps, top-%d)", rows, steps, topk)
     logger.info(
         "xshare-echo active: %s hooks=[%s]",
         "scheduling" if echo is not None and echo.calibration is not None else "logging only",
         ", ".join(module.TARGET.rsplit(".", 1)[-1] for module in ECHO_HOOKS),
     )
+
+
+def draft_tree_limits() -> tuple[int, int, int]:
+    """``(steps, topk, rows)`` of the EAGLE drafts this server runs, as SGLang resolved them.
+
+    ``rows`` bounds the requests of one draft step, in a replayed draft graph (its largest batch,
+    at most the decode graphs' ``max_bs``) and eagerly (at most the running-request limit): the
+    bound SGLang sizes its own persistent draft buffers with.  The operator's ``ServerArgs`` hold only
+    what was typed; resolved values live in SGLang's config bags.
+    """
+    from sglang.srt.runtime_context import get_exec, get_schedule, get_spec
+
+    spec = get_spec()
+    graphs = get_exec().graph.cuda_graph_config
+    decode_max_bs = getattr(getattr(graphs, "decode", None), "max_bs", None) or 0
+    rows = max(int(decode_max_bs), int(get_schedule().max_running_requests or 0), 1)
+    return int(spec.speculative_num_steps or 0), int(spec.speculative_eagle_topk or 0), rows
 
 
 def _trace_recorder(settings, runtime, runner):

@@ -18,6 +18,8 @@ from xshare_sglang.sglang_plugin.settings import ENV_VAR
 pytestmark = pytest.mark.sglang
 
 NUM_EXPERTS = 32
+#: what the load_batch hook reads from SGLang's DecodeCudaGraphRunner besides the real-token count
+_DECODE_GRAPH = {"capture_forward_mode": None, "bs": 8, "captured_req_width": 1}
 
 
 def _topk_config(**kwargs):
@@ -165,7 +167,7 @@ def test_load_batch_hook_writes_the_real_token_count(plugin_env) -> None:
 
     runner = _runner(_model(_topk_config()))
     runtime = _init(runner)
-    decode_graph_load_batch.hook(None, SimpleNamespace(model_runner=runner, raw_num_token=7))
+    decode_graph_load_batch.hook(None, SimpleNamespace(model_runner=runner, raw_num_token=7, **_DECODE_GRAPH))
     assert runtime.num_valid_buffer.item() == 7
     draft_runner = _runner(_model(_topk_config()), is_draft_worker=True)
     decode_graph_load_batch.hook(None, SimpleNamespace(model_runner=draft_runner, raw_num_token=3))
@@ -228,7 +230,7 @@ def test_graph_style_padding_follows_the_buffer(plugin_env) -> None:
     )
     logits = torch.randn(8, NUM_EXPERTS, generator=torch.Generator().manual_seed(0))
     for real in (8, 5, 1):
-        decode_graph_load_batch.hook(None, SimpleNamespace(model_runner=runner, raw_num_token=real))
+        decode_graph_load_batch.hook(None, SimpleNamespace(model_runner=runner, raw_num_token=real, **_DECODE_GRAPH))
         out = topk.select_experts(
             hidden_states=torch.zeros(8, 4), router_logits=logits.clone(), topk_config=config, layer_id=0
         )

@@ -434,3 +434,178 @@ def test_echo_buffers_are_never_reallocated(echo_hooks, tmp_path) -> None:
     assert [t.data_ptr() for t in echo._stash] == addresses
     echo.stash(*sglang_draft(2, 2, 3, seed=4))
     assert echo.candidates(2, 3, 2) is not None
+
+
+# ---------------------------------------------------------------------------------- launch refusals
+def _launch_outcomes(cases: dict[str, list[str]]) -> dict[str, list]:
+    """SGLang's ``prepare_server_args`` (plugins loaded) on each argv in one fresh interpreter:
+    ``[2, stderr]`` when the plugin refused the launch, ``["accepted", ""]`` when it published its
+    config (SGLang's own later checks aside)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    from xshare_sglang.sglang_plugin.settings import ENV_VAR
+
+    code = f"""
+        import contextlib, io, json, os
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import prepare_server_args
+        load_plugins()
+        out = {{}}
+        for name, argv in {cases!r}.items():
+            os.environ.pop("{ENV_VAR}", None)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    prepare_server_args(["--model-path", "unused", *argv])
+                    out[name] = ["accepted", ""]
+                except SystemExit as exc:
+                    out[name] = [exc.code, err.getvalue()]
+                except Exception as exc:  # SGLang's own resolution, after the plugin accepted
+                    out[name] = ["accepted" if os.environ.get("{ENV_VAR}") else repr(exc), ""]
+        print("RESULT" + json.dumps(out))
+    """
+    environ = {k: v for k, v in __import__("os").environ.items() if k != ENV_VAR}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=300,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.split("RESULT", 1)[1])
+
+
+def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
+    """Exit 2 at launch, naming both flags and what to do instead: attention DP on the standard MoE path
+    (both spellings), unverified all-to-all backends, elastic EP, prefill pruning while SGLang captures
+    prefill CUDA graphs (its default on CUDA), and torch.compile.  The same modes without the pruner, and the
+    supported neighbours, are accepted."""
+    pruner = ["--moe-pruner", "xshare"]
+    extend = [*pruner, "--moe-pruner-phases", "decode,extend"]
+    cases = {
+        "attn_dp": [*pruner, "--tp-size", "2", "--attn-dp-size", "2"],
+        "dp_attention": [*pruner, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"],
+        "mooncake": [*pruner, "--moe-a2a-backend", "mooncake"],
+        "elastic": [*pruner, "--elastic-ep-backend", "mooncake"],
+        "extend_graph": extend,
+        "mixed_graph": [*pruner, "--moe-pruner-phases", "decode,mixed"],
+        "torch_compile": [*pruner, "--enable-torch-compile"],
+        # accepted
+        "attn_dp_unpruned": ["--tp-size", "2", "--attn-dp-size", "2"],
+        "attn_dp_deepep": [*pruner, "--tp-size", "2", "--attn-dp-size", "2", "--moe-a2a-backend", "deepep"],
+        "extend_eager": [*extend, "--cuda-graph-backend-prefill", "disabled"],
+        "extend_cpu": [*extend, "--device", "cpu"],
+        "tp2": [*pruner, "--tp-size", "2"],
+        "torch_compile_unpruned": ["--enable-torch-compile"],
+    }
+    report = _launch_outcomes(cases)
+    refused = {
+        "attn_dp": ["--moe-pruner cannot run with attention data parallelism", "--moe-a2a-backend deepep"],
+        "dp_attention": ["--dp-size 2", "attention data parallelism"],
+        "mooncake": ["--moe-pruner does not support --moe-a2a-backend mooncake", "none, deepep, deepep_v2"],
+        "elastic": ["--elastic-ep-backend mooncake"],
+        "extend_graph": ["--moe-pruner-phases extend", "--cuda-graph-backend-prefill disabled"],
+        "mixed_graph": ["--moe-pruner-phases mixed"],
+        "torch_compile": ["--moe-pruner does not support --enable-torch-compile"],
+    }
+    for name, fragments in refused.items():
+        code, stderr = report[name]
+        assert code == 2, (name, report[name])
+        for fragment in fragments:
+            assert fragment in stderr, (name, stderr)
+    for name in set(cases) - set(refused):
+        assert report[name][0] == "accepted", (name, report[name])
+
+
+# ---------------------------------------------------------------------------------- prefill graphs
+class _PrefillGraph:
+    """Stands in for SGLang's ``PrefillCudaGraphRunner``: a replay runs no Python routing hook."""
+
+    def __init__(self, replays: bool) -> None:
+        self.replays = replays
+
+    def can_run_graph(self, forward_batch) -> bool:
+        return self.replays
+
+    def execute(self, forward_batch, **kwargs):
+        return "graph"
+
+
+class _Eager:
+    """Stands in for SGLang's ``EagerRunner``: runs the model's router in Python, through the hooks."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    def execute(self, forward_batch, pp_proxy_tensors=None):
+        return _route(self.config, _logits(0))
+
+
+@pytest.mark.parametrize("replays", [True, False], ids=["graph", "eager"])
+def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays) -> None:
+    """SGLang's own ``ModelRunner._forward_raw`` dispatching an extend forward with ``extend`` pruned:
+    a replayed prefill graph (captured without the pruner) is not counted as pruned, an eager extend
+    forward is (before, both were)."""
+    import contextlib
+    import json
+    from types import SimpleNamespace
+
+    import sglang.srt.model_executor.model_runner as model_runner_module
+    import sglang.srt.runtime_context as runtime_context
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    from tests.sglang_helpers import stand_in_experts, stand_in_topk
+    from xshare_sglang.sglang_plugin.hooks import model_runner_init
+    from xshare_sglang.sglang_plugin.runtime import get_runtime
+    from xshare_sglang.sglang_plugin.settings import ENV_VAR
+
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(moe_ep_size=1))
+    monkeypatch.setattr(
+        model_runner_module, "get_model", lambda: SimpleNamespace(override=lambda **kw: contextlib.nullcontext())
+    )
+    settings = {"policy": "xshare", "k0": 1, "budget": 3, "log_interval": 0, "phases": ["decode", "extend"]}
+    monkeypatch.setenv(ENV_VAR, json.dumps(settings))
+    config = _softmax_config(top_k=4)
+    model = torch.nn.Module()
+    model.topk = stand_in_topk(config, layer_id=0)
+    model.experts = stand_in_experts(layer_id=0, num_experts=NUM_EXPERTS)
+    model.shared_experts_config = None  # read by SGLang's _forward_raw
+    runner = object.__new__(ModelRunner)
+    runner.__dict__.update(
+        model=model,
+        is_draft_worker=False,
+        device="cpu",
+        tp_rank=0,
+        capture_head_hooks=[],
+        capture_tail_hooks=[],
+        attn_backend=None,
+        decode_cuda_graph_runner=None,
+        hisparse_coordinator=None,
+        device_timer=None,
+        prefill_cuda_graph_runner=_PrefillGraph(replays),
+        eager_runner=_Eager(config),
+        _prepare_eager_forward_batch=lambda fb: None,
+        _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None,
+        _extend_forward_kwargs=lambda fb, pp: {},
+    )
+    model_runner_init.hook(None, runner)
+    runtime = get_runtime()
+    forward_batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        spec_info=None,
+        token_indices_to_pool=None,
+        global_num_tokens_cpu=None,
+        moe_num_token_non_padded=lambda: None,
+        req_pool_indices=None,
+    )
+    out = ModelRunner._forward_raw(runner, forward_batch, None)
+    assert out.can_run_graph is replays
+    assert runtime.pruned_forwards == (0 if replays else 1)
+    assert int(runtime.metrics[0, 3]) == (0 if replays else 1)  # layer calls that really ran pruned

@@ -121,6 +121,10 @@ class PrunerRuntime:
     call: LayerCall | None = None
     # verify graphs with vote weights: padded token count -> [T] bool, refilled before each replay
     acceptable_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
+    # decode/verify graphs captured with a pruned scope, by (phase, padded token count)
+    graph_pruned: dict[tuple[str | None, int], bool] = field(default_factory=dict)
+    # the graph replayed in the current forward was captured pruned (set by the load_batch hook)
+    replay_pruned: bool = False
     faults: int = 0
     pruned_forwards: int = 0
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)

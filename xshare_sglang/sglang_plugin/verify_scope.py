@@ -111,9 +111,12 @@ def graph_scope(runtime: PrunerRuntime, graph_runner, forward_batch) -> ForwardS
 
 
 def refill_graph_inputs(runtime: PrunerRuntime, graph_runner, forward_batch) -> None:
-    """Before a replay: the real-token count, and the acceptable nodes of a verify graph with votes."""
+    """Before a replay: the real-token count, whether the graph was captured pruned, and the acceptable
+    nodes of a verify graph with votes."""
     runtime.num_valid_buffer.fill_(graph_runner.raw_num_token)
-    if not runtime.acceptable_buffers or phase_of(graph_runner.capture_forward_mode) != "verify":
+    phase = phase_of(graph_runner.capture_forward_mode)
+    runtime.replay_pruned = runtime.graph_pruned.get((phase, graph_runner.bs * graph_runner.captured_req_width), False)
+    if not runtime.acceptable_buffers or phase != "verify":
         return
     tokens_per_request = graph_runner.captured_req_width
     buffer = runtime.acceptable_buffers.get(graph_runner.bs * tokens_per_request)

@@ -7,7 +7,10 @@ How: for the target ModelRunner, publish the forward's phase, its config and tok
 EAGLE verify, plus the draft nodes' vote weights when depth decay is on, computed only if a layer
 call asks) for the duration of the call; every row of an eager forward is real (SGLang's own
 ``num_token_non_padded`` is used where it provides one).  Replayed CUDA graphs carry the scope they
-were captured with.  After a pruned forward, count it for the periodic metrics report.  With
+were captured with.  After a forward that ran pruned routing, count it for the periodic metrics
+report: an eager forward of a pruned phase, or the replay of a graph captured pruned (SGLang says
+whether a graph replayed, ``ModelRunnerOutput.can_run_graph``; the ``load_batch`` hook says whether
+a decode/verify graph was captured pruned; prefill graphs are captured without the pruner).  With
 ``--moe-pruner-trace-dir``, tell the trace recorder where a forward starts and ends.
 Remove when: SGLang exposes the ForwardBatch (or mode and layout) in its forward context.
 """
@@ -32,6 +35,7 @@ def hook(original, self, forward_batch, *args, **kwargs):
         scope = None
     previous = runtime.enter(scope)
     pruned = runtime.pruning_phase()
+    runtime.replay_pruned = False
     recorder = runtime.recorder
     if recorder is not None:
         try:
@@ -43,8 +47,10 @@ def hook(original, self, forward_batch, *args, **kwargs):
         except Exception as exc:  # the forward is not recorded
             recorder.current = None
             runtime.record_fault("the trace recorder", exc)
+    result = None
     try:
-        return original(self, forward_batch, *args, **kwargs)
+        result = original(self, forward_batch, *args, **kwargs)
+        return result
     finally:
         if recorder is not None:
             try:
@@ -52,5 +58,8 @@ def hook(original, self, forward_batch, *args, **kwargs):
             except Exception as exc:
                 runtime.record_fault("the trace recorder", exc)
         runtime.leave(previous)
-        if pruned and runtime.reporter is not None:
+        # a replayed graph ran the routing it was captured with: count it only if that was pruned
+        # (prefill graphs never are; decode/verify graphs unless their capture fell back)
+        replayed = bool(getattr(result, "can_run_graph", False))
+        if pruned and (not replayed or runtime.replay_pruned) and runtime.reporter is not None:
             runtime.reporter.on_pruned_forward()

@@ -26,6 +26,7 @@ from ..model_layers import PrunerSetupError, build_runtime
 from ..runtime import get_runtime, set_runtime
 from ..settings import settings_from_env
 from ..verify_scope import graph_scope
+from .phases import phase_of
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def capture_head(graph_runner, forward_batch) -> None:
     except Exception as exc:  # this graph is captured unpruned rather than not at all
         runtime.record_fault(f"the capture of a {graph_runner.capture_forward_mode} graph", exc)
         scope = None
+    key = (phase_of(graph_runner.capture_forward_mode), forward_batch.input_ids.shape[0])
+    runtime.graph_pruned[key] = scope is not None and scope.cfg is not None
     runtime.enter(scope)
 
 

@@ -3,10 +3,12 @@
 Why: ``from_cli_args`` copies only declared ``ServerArgs`` fields, so our flags would be dropped
 silently; and spawned scheduler processes must learn the config.
 How: read our flags from the argparse namespace, merge them over ``--moe-pruner-config`` and the
-environment, validate, and publish the result in ``XSHARE_MOE_PRUNER_CONFIG`` (inherited by every
+environment, validate (also against the serving modes the pruner cannot honour, see ``mode_checks``), and
+publish the result in ``XSHARE_MOE_PRUNER_CONFIG`` (inherited by every
 process SGLang spawns afterwards) and as the bookkeeping attribute ``ServerArgs._moe_pruner_config``
 (survives pickling).  An invalid value, or ECHO flags with a speculative configuration ECHO cannot
-serve, ends the launch with exit code 2 and a message naming the flag.
+serve, or a serving mode the pruner cannot make exact, ends the launch with exit code 2 and a
+message naming the flags.
 Remove when: SGLang lets plugins declare fields of their own on ``ServerArgs``.
 """
 
@@ -42,6 +44,11 @@ def hook(result, cls, args, *rest, **kwargs):
         _usage_error(str(exc))
     if settings is None:
         return None
+    from ..mode_checks import unsupported_mode_reason
+
+    reason = unsupported_mode_reason(result, settings)
+    if reason is not None:
+        _usage_error(reason)
     if settings.echo_active:
         from ..echo_checks import echo_unsupported_reason
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from xshare_sglang.sglang_plugin import hooks
 from xshare_sglang.sglang_plugin.flags import ECHO_FLAGS, FIELD_FLAGS, TRACE_FLAGS
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
 
@@ -227,7 +228,7 @@ def test_register_applies_routing_hooks_only_when_asked(env_value, routing) -> N
     assert report["status"] == "ok"
     assert json.loads(result.stdout.split("CLI", 1)[1].splitlines()[0]) == []
     all_routing = len(report["routing_unhooked"]) == 0
-    none_routing = len(report["routing_unhooked"]) == 6
+    none_routing = len(report["routing_unhooked"]) == len(hooks.ROUTING_HOOKS)
     assert all_routing if routing else none_routing
     if routing:
         assert "routing hooks in place" in result.stderr

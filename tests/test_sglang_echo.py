@@ -13,6 +13,7 @@ import torch
 
 from tests.sglang_helpers import build_tree_links, sglang_draft
 from tests.test_sglang_cli import _python, assert_refused, parse_in_fresh_process
+from xshare_sglang.sglang_plugin import hooks
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
 from xshare_sglang.spec import acceptable_nodes
 from xshare_sglang.spec.echo import (
@@ -84,7 +85,7 @@ def test_register_applies_echo_hooks_without_routing_hooks(tmp_path) -> None:
     result = _python(code, env={ENV_VAR: json.dumps({"echo": {"calibration": calib}})})
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.split("RESULT", 1)[1])
-    assert report["echo"] == [] and len(report["routing"]) == 6
+    assert report["echo"] == [] and len(report["routing"]) == len(hooks.ROUTING_HOOKS)
     # trace recording alone needs the routing hooks (they record the router logits)
     result = _python(code, env={ENV_VAR: json.dumps({"policy": "none", "trace_dir": str(tmp_path / "t")})})
     report = json.loads(result.stdout.split("RESULT", 1)[1])

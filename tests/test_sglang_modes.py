@@ -609,3 +609,51 @@ def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays)
     assert out.can_run_graph is replays
     assert runtime.pruned_forwards == (0 if replays else 1)
     assert int(runtime.metrics[0, 3]) == (0 if replays else 1)  # layer calls that really ran pruned
+
+
+# ---------------------------------------------------------------------------------- EPLB
+def test_xshare_ep_follows_eplb_rebalances(placement) -> None:
+    """``xshare-ep`` balances over the rank that holds each expert.  SGLang's EPLB rebalance updates
+    its expert placement in place (``ExpertLocationMetadata.update``, run here as SGLang runs it);
+    the owner table follows, in the same tensor that captured graphs read (before: stale forever),
+    and the next selection balances over the new owners."""
+    from xshare_sglang.sglang_plugin.model_layers import build_runtime
+
+    meta, _ = placement(list(range(8)))  # 2 ranks x 4 slots: experts 0-3 on rank 0, 4-7 on rank 1
+    config = _softmax_config(top_k=2)
+    model = _model(config, num_experts=8)
+    pruner = PrunerConfig(policy="xshare-ep", k0=1, rank_budget=2)
+    runtime = build_runtime(PluginSettings(pruner=pruner), model, "cpu", ep_size=2)
+    owners = runtime.layers[id(config)].expert_to_rank
+    assert owners.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    address = owners.data_ptr()
+    rebalanced, _ = _placement([4, 5, 6, 7, 0, 1, 2, 3])  # the halves swap ranks
+    apply_routing_hooks()
+    set_runtime(runtime)
+    meta.update(rebalanced, update_layer_ids=[0])
+    assert owners.tolist() == [1, 1, 1, 1, 0, 0, 0, 0] and owners.data_ptr() == address
+    # a placement object that is not SGLang's global one is ignored
+    _placement(list(range(8)))[0].update(rebalanced, update_layer_ids=[0])
+    assert owners.tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
+    # the selection now balances over the new owners
+    runtime.num_valid_buffer.fill_(NUM_VALID)
+    runtime.enter(ForwardScope(phase="decode", num_valid=runtime.num_valid_buffer, cfg=pruner))
+    logits = _logits(8, num_experts=8)
+    _route(config, logits)
+    want = select_experts_mask(
+        logits, pruner, top_k=2, num_valid_tokens=NUM_VALID, expert_to_rank=torch.tensor([1, 1, 1, 1, 0, 0, 0, 0])
+    )
+    assert torch.equal(runtime.layers[id(config)].keep, want)
+
+
+def test_expert_owners_agree_across_ranks_with_replicas(placement) -> None:
+    """With redundant replicas, SGLang orders each expert's replica list per rank; the owner table is
+    the lowest rank holding a replica, the same on every rank."""
+    from xshare_sglang.sglang_plugin.model_layers import expert_owner_of
+
+    meta, _ = placement([0, 1, 2, 3, 4, 5, 0, 1])  # replicas of 0 and 1 on rank 1
+    first = expert_owner_of(0, meta)
+    lists = meta.logical_to_all_physical_map_cpu
+    lists[0, :2, :2] = lists[0, :2, :2].flip(-1)  # experts 0 and 1 list their rank-1 replica first
+    assert torch.equal(expert_owner_of(0, meta), first)
+    assert first.tolist() == [0, 0, 0, 0, 1, 1]

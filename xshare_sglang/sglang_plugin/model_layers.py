@@ -167,15 +167,23 @@ def check_model(cfg: PrunerConfig, layers: list[MoeLayer], *, ep_size: int) -> N
         )
 
 
-def expert_owner_of(layer_id: int) -> torch.Tensor | None:
-    """Rank that holds each logical expert of a layer (its first physical replica), or None."""
+def expert_owner_of(layer_id: int, meta: Any = None) -> torch.Tensor | None:
+    """Rank that holds each logical expert of a layer, shape [L] int32, or None without a placement.
+
+    The lowest rank holding a replica, from the placement's physical-to-logical map: the same on every
+    rank (SGLang's per-logical replica lists are reordered per rank and by rebalances), and refreshed
+    in place after each rebalance (``hooks/eplb_update``).
+    """
     from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
 
-    meta = get_global_expert_location_metadata()
+    meta = get_global_expert_location_metadata() if meta is None else meta
     if meta is None:
         return None
-    first_replica = meta.logical_to_all_physical_map[layer_id, :, 0]
-    return (first_replica // meta.num_local_physical_experts).to(torch.int32)
+    slots = meta.physical_to_logical_map_cpu[layer_id].long()
+    rank = torch.arange(slots.numel()) // meta.num_local_physical_experts
+    owner = torch.full((meta.num_logical_experts,), meta.ep_size, dtype=torch.long)
+    owner.scatter_reduce_(0, slots, rank, reduce="amin")
+    return owner.to(torch.int32)
 
 
 def physical_to_logical(layer_id: int) -> torch.Tensor | None:
@@ -238,6 +246,8 @@ def build_runtime(
     fill_reasons = set()
     for row, (topk, num_experts, experts) in enumerate(layers):
         expert_to_rank = expert_owner_of(topk.layer_id) if needs_ranks else None
+        if expert_to_rank is not None:
+            expert_to_rank = expert_to_rank.to(device)
         state = make_layer_state(
             topk.topk_config, layer_id=topk.layer_id, row=row, num_experts=num_experts, device=device
         )

@@ -9,6 +9,7 @@ from . import (
     eagle_build_verify_input,
     eagle_organize_draft_results,
     eagle_sample,
+    eplb_update,
     model_runner_forward_raw,
     model_runner_init,
     server_args_add_cli_args,
@@ -28,6 +29,7 @@ ROUTING_HOOKS = (
     topk_select_experts,
     dispatch_transform_inputs,
     topk_post_process,
+    eplb_update,
 )
 
 #: Registered where ECHO schedules draft trees or logs their confidences.

@@ -657,3 +657,64 @@ def test_expert_owners_agree_across_ranks_with_replicas(placement) -> None:
     lists[0, :2, :2] = lists[0, :2, :2].flip(-1)  # experts 0 and 1 list their rank-1 replica first
     assert torch.equal(expert_owner_of(0, meta), first)
     assert first.tolist() == [0, 0, 0, 0, 1, 1]
+
+
+# ---------------------------------------------------------------------------------- routing variants
+def test_llama4_routing_function_stays_in_the_mask() -> None:
+    """Llama-4 routes with its own function (top-1 by logit, sigmoid weight, no renormalization)
+    while its config keeps SGLang's default ``scoring_func="softmax"``: the layer is scored as sigmoid,
+    every pick is a kept expert, and its weight is the sigmoid of the token's own logit."""
+    from sglang.srt.models.llama4 import Llama4MoE
+
+    config = _softmax_config(top_k=1, renormalize=False, custom_routing_function=Llama4MoE.custom_routing_function)
+    pruner = PrunerConfig(policy="xshare", k0=0, budget=3, score="probs")
+    runtime = _publish([config], pruner)
+    state = runtime.layers[id(config)]
+    assert state.scoring == "sigmoid"
+    logits = _logits(11)
+    ids, weights = _route(config, logits)
+    keep = select_experts_mask(logits, pruner, top_k=1, num_valid_tokens=NUM_VALID, scoring="sigmoid")
+    assert torch.equal(state.keep, keep) and keep.sum() == 3
+    live = ids[:NUM_VALID, 0].long()
+    assert keep[live].all()
+    masked = logits[:NUM_VALID].masked_fill(~keep, float("-inf"))
+    assert torch.equal(live, masked.argmax(dim=1))
+    torch.testing.assert_close(weights[:NUM_VALID, 0], torch.sigmoid(logits[:NUM_VALID].gather(1, live[:, None]))[:, 0])
+
+
+def test_routing_functions_the_pruner_cannot_act_through_are_refused() -> None:
+    """Grok hands its routing function the gate weights instead of router logits: every layer call
+    would fail the shape check and run unpruned under an "active" log line.  Refused at model load."""
+    import functools
+
+    from sglang.srt.models import grok
+
+    from tests.sglang_helpers import stand_in_topk
+    from xshare_sglang.sglang_plugin.model_layers import MoeLayer, PrunerSetupError, check_model
+
+    # built as Grok1MoE builds it
+    function = functools.partial(grok.fused_moe_router_shim, 30.0)
+    config = _softmax_config(top_k=2, renormalize=False, custom_routing_function=function)
+    layer = MoeLayer(stand_in_topk(config, layer_id=0), NUM_EXPERTS, None)
+    with pytest.raises(PrunerSetupError, match="fused_moe_router_shim.*gate weights"):
+        check_model(PrunerConfig(policy="xshare", k0=1, budget=2), [layer], ep_size=1)
+
+
+def test_tensor_parallel_ranks_keep_the_same_experts() -> None:
+    """Under tensor parallelism every rank routes the same tokens from a replicated gate and sums its
+    share of each expert: the ranks must keep the identical set.  Two ranks simulated as two runtimes,
+    on logits full of exact ties (bf16-rounded, as a bf16 gate produces): identical keep masks,
+    routing and metrics, call after call."""
+    config = _softmax_config()
+    pruner = PrunerConfig(policy="xshare", k0=1, budget=4)
+    logits = (_logits(13) * 4).round() / 4  # many exact ties between experts
+    results = []
+    for _rank in range(2):
+        runtime = _publish([config], pruner)
+        calls = [_route(config, logits) for _ in range(3)]
+        results.append((runtime.layers[id(config)].keep.clone(), calls, runtime.metrics.clone()))
+    (keep0, calls0, metrics0), (keep1, calls1, metrics1) = results
+    assert torch.equal(keep0, keep1) and keep0.sum() < NUM_EXPERTS
+    for (ids0, w0), (ids1, w1) in zip(calls0 + calls1, calls1 + calls0, strict=True):
+        assert torch.equal(ids0, ids1) and torch.equal(w0, w1)
+    assert torch.equal(metrics0, metrics1)

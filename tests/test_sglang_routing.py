@@ -139,6 +139,7 @@ def test_softmax_routing_stays_in_the_mask(sglang_env, name, pruner) -> None:
             assert mine[e] == pytest.approx(ref[e], abs=1e-5)
 
 
+@pytest.mark.sglang_modes
 def test_biased_grouped_sigmoid_routing(sglang_env) -> None:
     """DeepSeek-V3-like routing (sigmoid, correction bias, 8 groups, top-4 groups): the bias is masked
     with the logits, so no pick lands on a pruned expert; weights stay finite; padding rows are -1."""
@@ -159,6 +160,7 @@ def test_biased_grouped_sigmoid_routing(sglang_env) -> None:
     assert torch.equal(config.correction_bias, _configs()["deepseek"].correction_bias)
 
 
+@pytest.mark.sglang_modes
 def test_bias_is_masked_with_the_logits(sglang_env) -> None:
     """The hooked call equals SGLang's own biased grouped routing run on masked logits *and* masked
     bias, followed by the drop of leftover picks and padding rows: masking the bias is what lets a

@@ -22,6 +22,33 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_SCORING = ("softmax", "sigmoid")
 
+#: Model-specific routing functions (``TopKConfig.custom_routing_function``) that score with a
+#: sigmoid although their config keeps SGLang's default ``scoring_func="softmax"``.
+SIGMOID_ROUTING = ("sglang.srt.models.llama4.Llama4MoE.custom_routing_function",)
+#: Model-specific routing functions the pruner cannot act through (matched inside the function's
+#: name), and why.
+UNSUPPORTED_ROUTING = {
+    "fused_moe_router": "is handed the gate weights instead of per-token router logits (Grok)",
+    "sglang.srt.models.interns1pro.": "fills per-group quotas, so masked experts would silently drop slots",
+}
+
+
+def routing_function_name(function: Any) -> str:
+    """``module.qualname`` of a routing function (through ``functools.partial``), else its repr."""
+    while hasattr(function, "func") and callable(function.func):
+        function = function.func
+    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", None)
+    return f"{module}.{name}" if module and name else repr(function)
+
+
+def routing_scoring(topk_config: Any) -> str:
+    """How the layer turns router logits into weights: ``softmax`` or ``sigmoid`` (or another
+    ``scoring_func`` the pruner refuses)."""
+    function = getattr(topk_config, "custom_routing_function", None)
+    if function is not None and routing_function_name(function) in SIGMOID_ROUTING:
+        return "sigmoid"
+    return topk_config.scoring_func
+
 
 class PrunerSetupError(RuntimeError):
     """The pruner was asked for but cannot run on this model or server configuration."""
@@ -141,9 +168,18 @@ def check_model(cfg: PrunerConfig, layers: list[MoeLayer], *, ep_size: int) -> N
                 f"({config.output_format.name} output), where the pruner cannot act. "
                 "Start the server with --moe-runner-backend triton."
             )
-        if config.scoring_func not in SUPPORTED_SCORING:
+        function = getattr(config, "custom_routing_function", None)
+        name = routing_function_name(function) if function is not None else ""
+        for marker, why in UNSUPPORTED_ROUTING.items():
+            if marker in name:
+                raise PrunerSetupError(
+                    f"moe-pruner: layer {topk.layer_id} routes with the model's own function {name}, which "
+                    f"{why}; serve this model without --moe-pruner"
+                )
+        scoring = routing_scoring(config)
+        if scoring not in SUPPORTED_SCORING:
             raise PrunerSetupError(
-                f"moe-pruner: layer {topk.layer_id} scores experts with {config.scoring_func!r}; "
+                f"moe-pruner: layer {topk.layer_id} scores experts with {scoring!r}; "
                 f"the pruner supports {', '.join(SUPPORTED_SCORING)}"
             )
         top_k = config.top_k - config.num_shared_topk_slots
@@ -203,7 +239,7 @@ def make_layer_state(topk_config: Any, *, layer_id: int, row: int, num_experts: 
         topk_config=topk_config,
         num_experts=num_experts,
         top_k=topk_config.top_k - topk_config.num_shared_topk_slots,
-        scoring=topk_config.scoring_func,
+        scoring=routing_scoring(topk_config),
         keep=torch.ones(num_experts, dtype=torch.bool, device=device),
         stats=torch.zeros(2, dtype=torch.int64, device=device),
     )

@@ -696,7 +696,7 @@ def test_routing_functions_the_pruner_cannot_act_through_are_refused() -> None:
     function = functools.partial(grok.fused_moe_router_shim, 30.0)
     config = _softmax_config(top_k=2, renormalize=False, custom_routing_function=function)
     layer = MoeLayer(stand_in_topk(config, layer_id=0), NUM_EXPERTS, None)
-    with pytest.raises(PrunerSetupError, match="fused_moe_router_shim.*gate weights"):
+    with pytest.raises(PrunerSetupError, match=r"fused_moe_router_shim.*gate weights"):
         check_model(PrunerConfig(policy="xshare", k0=1, budget=2), [layer], ep_size=1)
 
 

@@ -146,6 +146,35 @@ def _check_policy_answers(policy_server, prompts, reference) -> None:
     assert all(value == TOP_K for value in activated.values()), activated
 
 
+# ---------------------------------------------------------------------- coverage
+TRUNCATION = {"policy": "xshare", "k0": 1, "budget": 2, "coverage": "truncation"}
+
+
+@pytest.fixture(scope="class")
+def truncation_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server-truncation") / "server.log"
+    server = LiveServer([*COMMON, *pruner_flags(TRUNCATION)], log).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.sglang_modes
+class TestTruncationCoverage:
+    def test_server_truncates_instead_of_substituting(self, truncation_server, prompts, reference) -> None:
+        """``--moe-pruner-coverage truncation``: the server answers transformers' greedy tokens under
+        truncation (each token keeps its own picks inside the mask, no substitute), which differ from
+        the substitution answer on some prompt; before, the server always substituted."""
+        truncated = PrunerConfig(**TRUNCATION)
+        substituted = PrunerConfig(**{**TRUNCATION, "coverage": "substitution"})
+        differs = False
+        for prompt in prompts:
+            served = post_ids(truncation_server, prompt)
+            assert served == reference_tokens(reference, truncated, prompt), f"prompt {prompt[:6]}..."
+            differs |= served != reference_tokens(reference, substituted, prompt)
+        assert differs, "pick prompts whose truncated and substituted decodings differ"
+        assert "coverage=truncation" in truncation_server.log()
+
+
 # ---------------------------------------------------------------------- batched serving, traces, faults
 XSHARE = {"policy": "xshare", "k0": 1, "budget": 2}
 
@@ -264,8 +293,18 @@ def _check_fault_fallback(xshare_server, prompts, reference) -> None:
         (["--moe-pruner", "xshare", "--moe-pruner-k0", "-1"], "--moe-pruner-k0"),
         (["--moe-pruner", "sparse"], "--moe-pruner"),
         (["--moe-pruner", "moe-spec"], "--moe-pruner-max-experts"),
+        pytest.param(
+            ["--moe-pruner", "xshare", "--enable-torch-compile"],
+            "--enable-torch-compile",
+            marks=pytest.mark.sglang_modes,
+        ),
+        pytest.param(
+            ["--moe-pruner", "xshare", "--tp-size", "2", "--attn-dp-size", "2"],
+            "--attn-dp-size",
+            marks=pytest.mark.sglang_modes,
+        ),
     ],
-    ids=["negative-k0", "unknown-policy", "moe-spec-without-budget"],
+    ids=["negative-k0", "unknown-policy", "moe-spec-without-budget", "torch-compile", "attention-dp"],
 )
 def test_bad_flag_exits_2_naming_it(flags, named, tmp_path) -> None:
     """SGLang's launcher with the plugin stops before loading anything: exit code 2, the flag named."""

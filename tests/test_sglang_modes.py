@@ -496,6 +496,8 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "extend_graph": extend,
         "mixed_graph": [*pruner, "--moe-pruner-phases", "decode,mixed"],
         "torch_compile": [*pruner, "--enable-torch-compile"],
+        "deepep_fusion": [*pruner, "--moe-a2a-backend", "deepep", "--enforce-shared-experts-fusion"],
+        "waterfill": [*pruner, "--enable-waterfill"],
         # accepted
         "attn_dp_unpruned": ["--tp-size", "2", "--attn-dp-size", "2"],
         "attn_dp_deepep": [*pruner, "--tp-size", "2", "--attn-dp-size", "2", "--moe-a2a-backend", "deepep"],
@@ -513,6 +515,8 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "extend_graph": ["--moe-pruner-phases extend", "--cuda-graph-backend-prefill disabled"],
         "mixed_graph": ["--moe-pruner-phases mixed"],
         "torch_compile": ["--moe-pruner does not support --enable-torch-compile"],
+        "deepep_fusion": ["--enforce-shared-experts-fusion with --moe-a2a-backend deepep", "per-rank"],
+        "waterfill": ["--moe-pruner does not support --enable-waterfill"],
     }
     for name, fragments in refused.items():
         code, stderr = report[name]

@@ -11,6 +11,10 @@ do instead; the launch then ends with exit code 2.  What is refused, and why:
   and the pruner selects per rank: accepted.)
 * all-to-all backends other than none / DeepEP: their dispatch of dropped (``-1``) slots and their
   expert numbering are not verified;
+* shared-expert fusion forced next to a DeepEP all-to-all (``--enforce-shared-experts-fusion``, or
+  ``--enable-waterfill`` which forces it): the shared expert takes per-rank slots and the routed ids
+  are renumbered around them (the model-load check refuses the same layout when a model fuses on
+  its own);
 * elastic expert parallelism: it replaces SGLang's expert placement while serving, under the
   pruner's per-layer maps;
 * pruning prefill (``extend`` / ``mixed`` phases) while SGLang captures prefill CUDA graphs: the
@@ -81,6 +85,14 @@ def unsupported_mode_reason(args: Any, settings: PluginSettings) -> str | None:
         return (
             f"{flag} does not support --moe-a2a-backend {a2a}: the pruner is verified with "
             f"{', '.join(ACCEPTED_A2A_BACKENDS)}. Use one of those, or serve without {flag}"
+        )
+    waterfill = _value(args, "enable_waterfill", False)
+    if waterfill or (a2a != "none" and _value(args, "enforce_shared_experts_fusion", False)):
+        option = "--enable-waterfill" if waterfill else f"--enforce-shared-experts-fusion with --moe-a2a-backend {a2a}"
+        return (
+            f"{flag} does not support {option}: the shared expert then takes "
+            "per-rank expert slots whose renumbered ids the pruner does not map. Drop that option (or serve "
+            f"without {flag})"
         )
     elastic = _value(args, "elastic_ep_backend")
     if elastic is not None and str(elastic) != "none":

@@ -19,6 +19,19 @@ def apply_routing_hooks() -> None:
     assert liveness.unhooked(hooks.ROUTING_HOOKS) == []
 
 
+def apply_echo_hooks() -> None:
+    """Register and apply the plugin's ECHO hooks through SGLang's HookRegistry (idempotent)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from xshare_sglang.sglang_plugin import hooks, liveness
+
+    if liveness.unhooked(hooks.ECHO_HOOKS):
+        for module in hooks.ECHO_HOOKS:
+            HookRegistry.register(module.TARGET, module.hook, HookType(module.KIND))
+        HookRegistry.apply_hooks()
+    assert liveness.unhooked(hooks.ECHO_HOOKS) == []
+
+
 def stand_in_topk(config, *, layer_id: int, is_draft: bool = False):
     """Stand-in: a real ``TopK`` instance whose constructor is bypassed (a real one needs SGLang's
     published config namespaces), carrying a real ``TopKConfig``."""

@@ -39,7 +39,7 @@ def parse_in_fresh_process(cases: dict[str, list[str]]) -> dict[str, list]:
     """SGLang's ``prepare_server_args`` (plugins loaded) on each argv, in one fresh interpreter.
 
     Returns, per case, ``[exit code, stderr]`` when parsing stopped the launch and ``[None, the
-    published plugin config]`` when it succeeded.
+    published plugin config]`` when the plugin accepted it (SGLang's own later checks aside).
     """
     code = f"""
         import contextlib, io, json, os
@@ -56,6 +56,9 @@ def parse_in_fresh_process(cases: dict[str, list[str]]) -> dict[str, list]:
                     out[name] = [None, os.environ.get("{ENV_VAR}", "")]
                 except SystemExit as exc:
                     out[name] = [exc.code, err.getvalue()]
+                except Exception as exc:  # SGLang's own checks, after the plugin accepted and published
+                    published = os.environ.get("{ENV_VAR}")
+                    out[name] = [None, published] if published else ["error", repr(exc)]
         print("RESULT" + json.dumps(out))
     """
     result = _python(code)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.sglang_helpers import build_tree_links, sglang_draft
+from tests.sglang_helpers import apply_echo_hooks, build_tree_links, sglang_draft
 from tests.test_sglang_cli import _python, assert_refused, parse_in_fresh_process
 from xshare_sglang.sglang_plugin import hooks
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
@@ -94,16 +94,9 @@ def test_register_applies_echo_hooks_without_routing_hooks(tmp_path) -> None:
 
 @pytest.fixture
 def echo_hooks():
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from xshare_sglang.sglang_plugin import hooks, liveness
     from xshare_sglang.sglang_plugin.echo_runtime import set_echo_runtime
 
-    if liveness.unhooked(hooks.ECHO_HOOKS):
-        for module in hooks.ECHO_HOOKS:
-            HookRegistry.register(module.TARGET, module.hook, HookType(module.KIND))
-        HookRegistry.apply_hooks()
-    assert liveness.unhooked(hooks.ECHO_HOOKS) == []
+    apply_echo_hooks()
     yield
     set_echo_runtime(None)
 

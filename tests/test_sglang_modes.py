@@ -11,7 +11,8 @@ import logging
 import pytest
 import torch
 
-from tests.sglang_helpers import apply_routing_hooks
+from tests.sglang_helpers import apply_echo_hooks, apply_routing_hooks
+from tests.test_sglang_cli import parse_in_fresh_process
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.sglang_plugin.metrics import MetricsReporter
 from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
@@ -368,15 +369,9 @@ def test_recorder_sees_the_drops_not_renumbered_ids() -> None:
 # ---------------------------------------------------------------------------------- ECHO under CUDA graphs
 @pytest.fixture
 def echo_hooks():
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from xshare_sglang.sglang_plugin import hooks, liveness
     from xshare_sglang.sglang_plugin.echo_runtime import set_echo_runtime
 
-    if liveness.unhooked(hooks.ECHO_HOOKS):
-        for module in hooks.ECHO_HOOKS:
-            HookRegistry.register(module.TARGET, module.hook, HookType(module.KIND))
-        HookRegistry.apply_hooks()
+    apply_echo_hooks()
     yield
     set_echo_runtime(None)
 
@@ -437,50 +432,6 @@ def test_echo_buffers_are_never_reallocated(echo_hooks, tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------------- launch refusals
-def _launch_outcomes(cases: dict[str, list[str]]) -> dict[str, list]:
-    """SGLang's ``prepare_server_args`` (plugins loaded) on each argv in one fresh interpreter:
-    ``[2, stderr]`` when the plugin refused the launch, ``["accepted", ""]`` when it published its
-    config (SGLang's own later checks aside)."""
-    import json
-    import subprocess
-    import sys
-    import textwrap
-    from pathlib import Path
-
-    from xshare_sglang.sglang_plugin.settings import ENV_VAR
-
-    code = f"""
-        import contextlib, io, json, os
-        from sglang.srt.plugins import load_plugins
-        from sglang.srt.server_args import prepare_server_args
-        load_plugins()
-        out = {{}}
-        for name, argv in {cases!r}.items():
-            os.environ.pop("{ENV_VAR}", None)
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err):
-                try:
-                    prepare_server_args(["--model-path", "unused", *argv])
-                    out[name] = ["accepted", ""]
-                except SystemExit as exc:
-                    out[name] = [exc.code, err.getvalue()]
-                except Exception as exc:  # SGLang's own resolution, after the plugin accepted
-                    out[name] = ["accepted" if os.environ.get("{ENV_VAR}") else repr(exc), ""]
-        print("RESULT" + json.dumps(out))
-    """
-    environ = {k: v for k, v in __import__("os").environ.items() if k != ENV_VAR}
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=300,
-        cwd=str(Path(__file__).resolve().parent.parent),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.split("RESULT", 1)[1])
-
-
 def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
     """Exit 2 at launch, naming both flags and what to do instead: attention DP on the standard MoE path
     (both spellings), unverified all-to-all backends, elastic EP, prefill pruning while SGLang captures
@@ -506,7 +457,7 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "tp2": [*pruner, "--tp-size", "2"],
         "torch_compile_unpruned": ["--enable-torch-compile"],
     }
-    report = _launch_outcomes(cases)
+    report = parse_in_fresh_process(cases)
     refused = {
         "attn_dp": ["--moe-pruner cannot run with attention data parallelism", "--moe-a2a-backend deepep"],
         "dp_attention": ["--dp-size 2", "attention data parallelism"],
@@ -524,7 +475,7 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         for fragment in fragments:
             assert fragment in stderr, (name, stderr)
     for name in set(cases) - set(refused):
-        assert report[name][0] == "accepted", (name, report[name])
+        assert report[name][0] is None, (name, report[name])
 
 
 # ---------------------------------------------------------------------------------- prefill graphs

@@ -673,3 +673,21 @@ def test_tensor_parallel_ranks_keep_the_same_experts() -> None:
     for (ids0, w0), (ids1, w1) in zip(calls0 + calls1, calls1 + calls0, strict=True):
         assert torch.equal(ids0, ids1) and torch.equal(w0, w1)
     assert torch.equal(metrics0, metrics1)
+
+
+def test_layers_that_never_ran_pruned_are_reported(caplog) -> None:
+    """A layer whose router bypasses SGLang's ``select_experts`` (or whose selection fails on every
+    call) runs unpruned while the others prune: the metrics report names it, once."""
+    first, second = _softmax_config(layer_id=0), _softmax_config(layer_id=1)
+    runtime = _publish([first, second], PrunerConfig(policy="oea", k0=1))
+    reporter = MetricsReporter(runtime, prometheus=False)
+    with caplog.at_level(logging.WARNING, logger="xshare_sglang.sglang_plugin.metrics"):
+        _route(first, _logits(0))  # layer 1 never routes through the hooks
+        reporter.report()
+        _route(first, _logits(1))
+        reporter.report()
+        _route(first, _logits(2))
+        _route(second, _logits(2))
+        reporter.report()
+    warnings = [r.getMessage() for r in caplog.records if "ran no pruned call" in r.getMessage()]
+    assert len(warnings) == 1 and "[1]" in warnings[0]

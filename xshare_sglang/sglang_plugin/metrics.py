@@ -48,6 +48,7 @@ class MetricsReporter:
         self._host = torch.empty(metrics.shape, dtype=metrics.dtype, pin_memory=self.asynchronous)
         self._ready: Any = None  # event recorded after the copy in flight
         self._pending = False
+        self._warned_unpruned = False
 
     def on_pruned_forward(self) -> None:
         """Count one pruned forward: read a snapshot whose copy completed, take one at the interval."""
@@ -102,6 +103,7 @@ class MetricsReporter:
             self._export(sums)  # also when every call fell back: the fallbacks must still be counted
         if not bool(seen.any()):
             return None
+        self._warn_unpruned_layers(seen)
         per_layer = sums[seen, :3] / calls[seen, None]
         means = per_layer.mean(dim=0).tolist()
         summary = {
@@ -122,6 +124,19 @@ class MetricsReporter:
             self.runtime.faults,
         )
         return summary
+
+    def _warn_unpruned_layers(self, seen: torch.Tensor) -> None:
+        """Once: layers that ran no pruned call while others did (a router that bypasses SGLang's
+        ``select_experts``, or a selection that fails on every call) run unpruned; say which."""
+        missing = [layer_id for layer_id, ok in zip(self._layer_ids, seen.tolist(), strict=True) if not ok]
+        if missing and not self._warned_unpruned:
+            self._warned_unpruned = True
+            logger.warning(
+                "moe-pruner: MoE layers %s ran no pruned call in the last %d pruned forwards (other layers did): "
+                "they serve unpruned",
+                missing,
+                self.runtime.settings.log_interval,
+            )
 
     def _export(self, sums) -> None:
         if self._gauges is None:

@@ -32,6 +32,33 @@ def apply_echo_hooks() -> None:
     assert liveness.unhooked(hooks.ECHO_HOOKS) == []
 
 
+def sglang_select_experts(config, logits: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(topk_ids, topk_weights)`` of SGLang's own ``select_experts`` on ``logits`` (hooked when the
+    plugin's routing hooks are applied and a runtime is published); the input is not modified."""
+    from sglang.srt.layers.moe import topk
+
+    out = topk.select_experts(
+        hidden_states=torch.zeros(logits.shape[0], 16),
+        router_logits=logits.clone(),
+        topk_config=config,
+        layer_id=config.layer_id,
+        **kwargs,
+    )
+    return out.topk_ids.clone(), out.topk_weights.clone()
+
+
+def runner_attributes(model, *, is_draft_worker: bool = False) -> dict:
+    """What the plugin's ``ModelRunner.__init__`` hook reads from SGLang's ModelRunner."""
+    return {
+        "is_draft_worker": is_draft_worker,
+        "model": model,
+        "device": "cpu",
+        "tp_rank": 0,
+        "capture_head_hooks": [],
+        "capture_tail_hooks": [],
+    }
+
+
 def stand_in_topk(config, *, layer_id: int, is_draft: bool = False):
     """Stand-in: a real ``TopK`` instance whose constructor is bypassed (a real one needs SGLang's
     published config namespaces), carrying a real ``TopKConfig``."""

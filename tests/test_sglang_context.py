@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.sglang_helpers import apply_routing_hooks, stand_in_experts, stand_in_topk
+from tests.sglang_helpers import apply_routing_hooks, runner_attributes, stand_in_experts, stand_in_topk
 from xshare_sglang.sglang_plugin.runtime import ForwardScope, get_runtime, set_runtime
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
 
@@ -45,14 +45,7 @@ def _model(*configs, draft_config=None):
 
 def _runner(model, *, is_draft_worker=False):
     """Stand-in for SGLang's ModelRunner: only the attributes the plugin's hook reads."""
-    return SimpleNamespace(
-        is_draft_worker=is_draft_worker,
-        model=model,
-        device="cpu",
-        tp_rank=0,
-        capture_head_hooks=[],
-        capture_tail_hooks=[],
-    )
+    return SimpleNamespace(**runner_attributes(model, is_draft_worker=is_draft_worker))
 
 
 @pytest.fixture

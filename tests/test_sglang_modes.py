@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from tests.sglang_helpers import apply_echo_hooks, apply_routing_hooks
+from tests.sglang_helpers import apply_echo_hooks, apply_routing_hooks, runner_attributes, sglang_select_experts
 from tests.test_sglang_cli import parse_in_fresh_process
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.sglang_plugin.metrics import MetricsReporter
@@ -34,20 +34,6 @@ def _softmax_config(layer_id: int = 0, **overrides):
     fields = dict(top_k=TOP_K, renormalize=True, torch_native=True, scoring_func="softmax", layer_id=layer_id)
     fields.update(overrides)
     return TopKConfig(**fields)
-
-
-def _route(config, logits, **kwargs):
-    """SGLang's own ``select_experts`` (hooked when a runtime is published)."""
-    from sglang.srt.layers.moe import topk
-
-    out = topk.select_experts(
-        hidden_states=torch.zeros(logits.shape[0], 16),
-        router_logits=logits.clone(),
-        topk_config=config,
-        layer_id=config.layer_id,
-        **kwargs,
-    )
-    return out.topk_ids.clone(), out.topk_weights.clone()
 
 
 def _publish(configs, pruner: PrunerConfig, *, num_experts: int = NUM_EXPERTS, phase: str = "decode"):
@@ -96,7 +82,7 @@ def test_truncation_coverage_keeps_natural_picks(policy) -> None:
     config = _softmax_config()
     _publish([config], pruner)
     logits = _logits(3)
-    ids, weights = _route(config, logits)
+    ids, weights = sglang_select_experts(config, logits)
     keep = select_experts_mask(logits, pruner, top_k=TOP_K, num_valid_tokens=NUM_VALID)
     assert keep.sum() < NUM_EXPERTS
     want_ids, want_weights = route_within(logits, keep, top_k=TOP_K, coverage="truncation", num_valid_tokens=NUM_VALID)
@@ -156,7 +142,7 @@ def test_metrics_never_wait_for_the_device(monkeypatch, caplog) -> None:
     row = runtime.metrics[0]
 
     def forward(seed):
-        _route(config, _logits(seed))
+        sglang_select_experts(config, _logits(seed))
         with _DeviceReads(runtime.metrics) as watch:
             reporter.on_pruned_forward()
         return watch
@@ -281,7 +267,7 @@ def test_redundant_experts_are_pruned_over_the_logical_experts(placement) -> Non
     set_runtime(runtime)
     logits = _logits(5, num_experts=L_EXPERTS)
     logits[:, :4] += 2.0  # the replicated experts are popular: their replicas get picked
-    ids, weights = _route(
+    ids, weights = sglang_select_experts(
         config, logits, expert_location_dispatch_info=info, num_token_non_padded=torch.tensor(NUM_VALID)
     )
     assert runtime.faults == 0
@@ -499,7 +485,7 @@ class _Eager:
         self.config = config
 
     def execute(self, forward_batch, pp_proxy_tensors=None):
-        return _route(self.config, _logits(0))
+        return sglang_select_experts(self.config, _logits(0))
 
 
 @pytest.mark.parametrize("replays", [True, False], ids=["graph", "eager"])
@@ -534,12 +520,7 @@ def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays)
     model.shared_experts_config = None  # read by SGLang's _forward_raw
     runner = object.__new__(ModelRunner)
     runner.__dict__.update(
-        model=model,
-        is_draft_worker=False,
-        device="cpu",
-        tp_rank=0,
-        capture_head_hooks=[],
-        capture_tail_hooks=[],
+        runner_attributes(model),
         attn_backend=None,
         decode_cuda_graph_runner=None,
         hisparse_coordinator=None,
@@ -594,7 +575,7 @@ def test_xshare_ep_follows_eplb_rebalances(placement) -> None:
     runtime.num_valid_buffer.fill_(NUM_VALID)
     runtime.enter(ForwardScope(phase="decode", num_valid=runtime.num_valid_buffer, cfg=pruner))
     logits = _logits(8, num_experts=8)
-    _route(config, logits)
+    sglang_select_experts(config, logits)
     want = select_experts_mask(
         logits, pruner, top_k=2, num_valid_tokens=NUM_VALID, expert_to_rank=torch.tensor([1, 1, 1, 1, 0, 0, 0, 0])
     )
@@ -627,7 +608,7 @@ def test_llama4_routing_function_stays_in_the_mask() -> None:
     state = runtime.layers[id(config)]
     assert state.scoring == "sigmoid"
     logits = _logits(11)
-    ids, weights = _route(config, logits)
+    ids, weights = sglang_select_experts(config, logits)
     keep = select_experts_mask(logits, pruner, top_k=1, num_valid_tokens=NUM_VALID, scoring="sigmoid")
     assert torch.equal(state.keep, keep) and keep.sum() == 3
     live = ids[:NUM_VALID, 0].long()
@@ -666,7 +647,7 @@ def test_tensor_parallel_ranks_keep_the_same_experts() -> None:
     results = []
     for _rank in range(2):
         runtime = _publish([config], pruner)
-        calls = [_route(config, logits) for _ in range(3)]
+        calls = [sglang_select_experts(config, logits) for _ in range(3)]
         results.append((runtime.layers[id(config)].keep.clone(), calls, runtime.metrics.clone()))
     (keep0, calls0, metrics0), (keep1, calls1, metrics1) = results
     assert torch.equal(keep0, keep1) and keep0.sum() < NUM_EXPERTS
@@ -682,12 +663,12 @@ def test_layers_that_never_ran_pruned_are_reported(caplog) -> None:
     runtime = _publish([first, second], PrunerConfig(policy="oea", k0=1))
     reporter = MetricsReporter(runtime, prometheus=False)
     with caplog.at_level(logging.WARNING, logger="xshare_sglang.sglang_plugin.metrics"):
-        _route(first, _logits(0))  # layer 1 never routes through the hooks
+        sglang_select_experts(first, _logits(0))  # layer 1 never routes through the hooks
         reporter.report()
-        _route(first, _logits(1))
+        sglang_select_experts(first, _logits(1))
         reporter.report()
-        _route(first, _logits(2))
-        _route(second, _logits(2))
+        sglang_select_experts(first, _logits(2))
+        sglang_select_experts(second, _logits(2))
         reporter.report()
     warnings = [r.getMessage() for r in caplog.records if "ran no pruned call" in r.getMessage()]
     assert len(warnings) == 1 and "[1]" in warnings[0]

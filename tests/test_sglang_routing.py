@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.sglang_helpers import sglang_select_experts
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
 from xshare_sglang.sglang_plugin.runtime import ForwardScope, get_runtime, set_runtime
@@ -51,30 +52,23 @@ def _configs():
     }
 
 
-def _run(topk, config, logits):
-    out = topk.select_experts(
-        hidden_states=torch.zeros(logits.shape[0], 16),
-        router_logits=logits.clone(),
-        topk_config=config,
-        layer_id=config.layer_id,
-    )
-    return out.topk_ids.clone(), out.topk_weights.clone()
-
-
 @pytest.fixture(scope="module")
 def sglang_env():
-    from sglang.srt.layers.moe import topk
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from xshare_sglang.sglang_plugin import hooks, liveness
 
     configs = _configs()
-    baselines = {(name, seed): _run(topk, config, _logits(seed)) for name, config in configs.items() for seed in (0, 1)}
+    baselines = {
+        (name, seed): sglang_select_experts(config, _logits(seed))
+        for name, config in configs.items()
+        for seed in (0, 1)
+    }
     for module in hooks.ROUTING_HOOKS:
         HookRegistry.register(module.TARGET, module.hook, HookType(module.KIND))
     HookRegistry.apply_hooks()
     assert liveness.unhooked(hooks.ROUTING_HOOKS) == []
-    yield SimpleNamespace(topk=topk, configs=configs, baselines=baselines)
+    yield SimpleNamespace(configs=configs, baselines=baselines)
     set_runtime(None)
 
 
@@ -121,7 +115,7 @@ def test_softmax_routing_stays_in_the_mask(sglang_env, name, pruner) -> None:
     config = sglang_env.configs[name]
     runtime = _publish(sglang_env.configs, pruner, d=4)
     logits = _logits(0)
-    ids, weights = _run(sglang_env.topk, config, logits)
+    ids, weights = sglang_select_experts(config, logits)
     keep = select_experts_mask(logits, pruner, top_k=TOP_K, tokens_per_request=4, num_valid_tokens=NUM_VALID)
     state = runtime.layers[id(config)]
     assert torch.equal(state.keep, keep)
@@ -148,7 +142,7 @@ def test_biased_grouped_sigmoid_routing(sglang_env) -> None:
     runtime = _publish(sglang_env.configs, pruner)
     for seed in (0, 1):
         logits = _logits(seed)
-        ids, weights = _run(sglang_env.topk, config, logits)
+        ids, weights = sglang_select_experts(config, logits)
         keep = select_experts_mask(logits, pruner, top_k=TOP_K, num_valid_tokens=NUM_VALID, scoring="sigmoid")
         assert torch.equal(runtime.layers[id(config)].keep, keep)
         live = ids[:NUM_VALID]
@@ -174,18 +168,18 @@ def test_bias_is_masked_with_the_logits(sglang_env) -> None:
     pruner = PrunerConfig(policy="xshare", k0=1, budget=3)
     _publish(sglang_env.configs, pruner)
     logits = _logits(1)
-    ids, weights = _run(sglang_env.topk, config, logits)
+    ids, weights = sglang_select_experts(config, logits)
     keep = select_experts_mask(logits, pruner, top_k=TOP_K, num_valid_tokens=NUM_VALID, scoring="sigmoid")
     masked_logits, masked_bias = mask_router_inputs(logits, keep, bias=config.correction_bias)
     set_runtime(None)  # hooks pass through: plain SGLang routing on the masked inputs
-    expected_ids, expected_weights = _run(
-        sglang_env.topk, dataclasses.replace(config, correction_bias=masked_bias), masked_logits
+    expected_ids, expected_weights = sglang_select_experts(
+        dataclasses.replace(config, correction_bias=masked_bias), masked_logits
     )
     rewrite_routing(expected_ids, expected_weights, keep, num_valid_tokens=NUM_VALID)
     assert torch.equal(ids, expected_ids)
     torch.testing.assert_close(weights, expected_weights)
     # with the bias left unmasked SGLang would keep picking pruned experts (all then dropped)
-    unmasked_ids, _ = _run(sglang_env.topk, config, masked_logits)
+    unmasked_ids, _ = sglang_select_experts(config, masked_logits)
     assert (~keep[unmasked_ids[:NUM_VALID].long()]).sum() > (ids[:NUM_VALID] < 0).sum()
 
 
@@ -195,17 +189,17 @@ def test_unpruned_calls_are_bit_identical(sglang_env) -> None:
     # 1. the draft model's TopKConfig is not one of the runtime's layers
     _publish(sglang_env.configs, pruner)
     for seed in (0, 1):
-        got = _run(sglang_env.topk, sglang_env.configs["draft"], _logits(seed))
+        got = sglang_select_experts(sglang_env.configs["draft"], _logits(seed))
         assert all(torch.equal(a, b) for a, b in zip(got, sglang_env.baselines[("draft", seed)], strict=True))
     # 2. an extend (prefill) forward with the default phases
     _publish(sglang_env.configs, pruner, phase="extend")
     for name in ("qwen3", "deepseek"):
-        got = _run(sglang_env.topk, sglang_env.configs[name], _logits(0))
+        got = sglang_select_experts(sglang_env.configs[name], _logits(0))
         assert all(torch.equal(a, b) for a, b in zip(got, sglang_env.baselines[(name, 0)], strict=True))
     # 3. no runtime (pruner off, or a process that is not a scheduler)
     set_runtime(None)
     for name in ("qwen3", "qwen3_raw", "deepseek"):
-        got = _run(sglang_env.topk, sglang_env.configs[name], _logits(1))
+        got = sglang_select_experts(sglang_env.configs[name], _logits(1))
         assert all(torch.equal(a, b) for a, b in zip(got, sglang_env.baselines[(name, 1)], strict=True))
 
 
@@ -215,8 +209,8 @@ def test_fault_falls_back_to_unpruned_routing(sglang_env, caplog) -> None:
     runtime = _publish(sglang_env.configs, pruner)
     runtime.layers[id(sglang_env.configs["qwen3"])].num_experts = 32  # logits will not match: a fault
     with caplog.at_level(logging.ERROR, logger="xshare_sglang.sglang_plugin.runtime"):
-        first = _run(sglang_env.topk, sglang_env.configs["qwen3"], _logits(0))
-        second = _run(sglang_env.topk, sglang_env.configs["qwen3"], _logits(1))
+        first = sglang_select_experts(sglang_env.configs["qwen3"], _logits(0))
+        second = sglang_select_experts(sglang_env.configs["qwen3"], _logits(1))
     baseline_ids, baseline_weights = sglang_env.baselines[("qwen3", 0)]
     assert torch.equal(first[0][:NUM_VALID], baseline_ids[:NUM_VALID])
     assert torch.equal(first[1][:NUM_VALID], baseline_weights[:NUM_VALID])
@@ -233,7 +227,7 @@ def test_metrics_accumulate_on_the_device(sglang_env) -> None:
     config = sglang_env.configs["qwen3"]
     activated = []
     for seed in (0, 1):
-        ids, _ = _run(sglang_env.topk, config, _logits(seed))
+        ids, _ = sglang_select_experts(config, _logits(seed))
         live = ids[:NUM_VALID]
         activated.append(len(set(live[live >= 0].tolist())))
     row = runtime.metrics[runtime.layers[id(config)].row]
@@ -252,7 +246,7 @@ def test_metrics_report_and_reset(sglang_env, caplog) -> None:
 
     runtime = _publish(sglang_env.configs, PrunerConfig(policy="oea", k0=1))
     reporter = MetricsReporter(runtime, prometheus=False)
-    _run(sglang_env.topk, sglang_env.configs["qwen3"], _logits(0))
+    sglang_select_experts(sglang_env.configs["qwen3"], _logits(0))
     with caplog.at_level(logging.INFO, logger="xshare_sglang.sglang_plugin.metrics"):
         summary = reporter.report()
     assert summary["layer_calls"] == 1 and 0 < summary["kept_experts"] < NUM_EXPERTS

@@ -7,9 +7,9 @@ T = R x D tokens, R requests of D draft tokens), three things are captured in CU
 and router logits) and alternate between ``--weight-copies`` copies of the expert weights:
 
 * the baseline layer: top-k routing of the router logits, then the fused MoE;
-* the pruned layer: the pruner's selection kernel (``select_keep_mask``), the logits masked
-  (``apply_keep_mask``), the same top-k, the rewrite of leftover picks to ``-1``
-  (``rewrite_routing``), then the fused MoE, which never reads an expert no token was sent to;
+* the pruned layer: the pruner's fused selection kernel (``prune_route``: keep mask and routing in
+  place of the top-k, with ``-1`` in slots a token cannot fill), then the fused MoE, which never reads
+  an expert no token was sent to;
 * the selection alone (the three pruner kernels above).
 
 Each graph is replayed ``--replays`` times and timed with CUDA events; a figure is the median replay
@@ -57,7 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _bench_common import git_sha, sync, time_graph, write_csv
 
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
-from xshare_sglang.kernels import SelectionWorkspace, apply_keep_mask, rewrite_routing, select_keep_mask
+from xshare_sglang.kernels import SelectionWorkspace, prune_route
+from xshare_sglang.policies.routing import RouterSpec
 from xshare_sglang.replay.route_csv import bundled_trace_path, load_route_csv
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -793,14 +794,14 @@ def build_case(shape, phase, tokens, draft, source: TraceRouting, rotate, device
 
 
 class PrunedLayer:
-    """The server's pruned routing for one config: select_keep_mask, apply_keep_mask, top-k, rewrite."""
+    """The server's pruned routing for one config: the fused selection kernel in place of the top-k."""
 
     def __init__(self, case: Case, cfg: PrunerConfig, workspace: SelectionWorkspace) -> None:
         self.case, self.cfg, self.workspace = case, cfg, workspace
         device = case.logits[0].device
         self.keep = torch.empty(case.shape.num_experts, dtype=torch.bool, device=device)
-        self.masked = torch.empty_like(case.logits[0])
-        # routing buffers the selection-only graph rewrites in place (same work as in the layer)
+        self.router = RouterSpec(case.shape.top_k, case.shape.scoring)
+        # routing buffers the selection-only graph writes (same work as in the layer)
         self.scratch = [(ids.clone(), w.clone()) for ids, w in case.baseline_routes]
 
     def kwargs(self) -> dict:
@@ -813,20 +814,28 @@ class PrunedLayer:
             scoring=c.shape.scoring,
         )
 
-    def select(self, j: int) -> None:
-        select_keep_mask(self.case.logits[j], self.cfg, out=self.keep, workspace=self.workspace, **self.kwargs())
-        apply_keep_mask(self.case.logits[j], self.keep, out=self.masked)
+    def _prune_route(self, j: int, ids: torch.Tensor | None = None, w: torch.Tensor | None = None):
+        c = self.case
+        return prune_route(
+            c.logits[j],
+            self.cfg,
+            self.router,
+            tokens_per_request=c.tokens_per_request,
+            num_valid_tokens=c.num_valid,
+            expert_to_rank=c.expert_to_rank,
+            keep_out=self.keep,
+            ids_out=ids,
+            weights_out=w,
+            workspace=self.workspace,
+        )
 
     def route(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self.select(j)
-        ids, w = route_topk(self.masked, self.case.shape.top_k, self.case.shape.scoring)
-        rewrite_routing(ids, w, self.keep, num_valid_tokens=self.case.num_valid)
-        return ids, w
+        routed = self._prune_route(j)
+        return routed.topk_ids, routed.topk_weights
 
     def selection_only(self, j: int) -> None:
-        self.select(j)
         ids, w = self.scratch[j]
-        rewrite_routing(ids, w, self.keep, num_valid_tokens=self.case.num_valid)
+        self._prune_route(j, ids, w)
 
     def check(self, j: int) -> dict:
         """Kernel mask vs reference, routing vs route_within, on input j (eager)."""

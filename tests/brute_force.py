@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from xshare_sglang.policies.scores import token_scores
@@ -44,13 +45,17 @@ def top_candidates(row: list[float], k: int) -> list[int]:
 def score_rows(
     rows: list[list[float]], score: str, scoring: str, top_k: int, weights: list[float] | None = None
 ) -> list[list[int]]:
-    """Fixed-point scores floor(score * weight * 2**24), one token at a time."""
+    """Fixed-point scores q (units of 2**-24), one token at a time, times the fixed-point weight
+    floor(w * 2**24) and shifted back: (q * w_q) >> 24."""
     out = []
     for t, row in enumerate(rows):
         one_row = torch.tensor([row], dtype=torch.float32)
         scores = token_scores(one_row, score=score, scoring=scoring, top_k=top_k)[0].tolist()
-        w = 1.0 if weights is None else weights[t]
-        out.append([int(s * w * ONE) for s in scores])
+        if weights is None:
+            out.append(scores)
+            continue
+        w_q = math.floor(weights[t] * ONE)
+        out.append([(q * w_q) >> 24 for q in scores])
     return out
 
 
@@ -58,7 +63,7 @@ def clean_weight(value: float) -> float:
     """A vote weight as the selection reads it: NaN counts 0, the rest is clamped to [0, 1]."""
     if math.isnan(value):
         return 0.0
-    return min(1.0, max(0.0, value))
+    return float(np.float32(min(1.0, max(0.0, value))))
 
 
 def greedy(start: set[int], agg: list[int], count: int) -> set[int]:
@@ -81,8 +86,10 @@ def sums(q: list[list[int]], tokens: list[int], num_experts: int) -> list[int]:
 
 
 def lynx_bin(value: float, row_max: float, alpha: float, beta: int) -> int:
-    gap = value - row_max
-    scaled = alpha * gap
+    """ceil((value - row_max) * alpha), each step rounded to float32 as the package computes it."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = np.float32(row_max) if row_max > NEG_INF else np.float32(0.0)
+        scaled = (np.float32(value) - top) * np.float32(alpha)
     if math.isnan(scaled) or scaled == NEG_INF:
         return -beta
     return max(-beta, math.ceil(scaled))
@@ -130,7 +137,8 @@ def select(
         total = sum(agg)
         held = sum(agg[e] for e in kept)
         for e in sorted((e for e in range(num_experts) if e not in kept and agg[e] > 0), key=lambda e: (-agg[e], e)):
-            if not float(held) < cfg.tau * float(total):
+            # held < tau * total, with tau on the 2**-30 grid, in exact integers
+            if not held * 2**30 < round(cfg.tau * 2**30) * total:
                 break
             kept.add(e)
             held += agg[e]

@@ -1,29 +1,43 @@
-"""Triton kernels against the torch reference: masks must be equal.
+"""The fused selection kernels against the torch reference: ids and masks exactly, weights within a
+stated tolerance, metrics exactly.
 
 On CPU the kernels run under TRITON_INTERPRET=1 (set by conftest.py); on a GPU natively.  Inputs come
-from fixed seeds: odd expert counts, odd token counts, T = 0, every token padded, NaN/inf rows, ties,
-and all three input dtypes.
+from fixed seeds: every policy on every token count T in {0, 1, 7, 64, 255, 4097} and expert count E
+in {60, 64, 128, 160, 256}, top_k in {1, 2, 4, 8}, softmax / sigmoid / grouped / biased routing,
+odd shapes, T = 0, every token padded, NaN/inf rows, ties, and all three input dtypes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import itertools
 import logging
 import random
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from tests.strategies import make_logits
 from xshare_sglang import PrunerConfig, select_experts_mask
-from xshare_sglang.kernels import SelectionWorkspace, apply_keep_mask, plan_launch, select_keep_mask
-from xshare_sglang.kernels import selection as selection_module
-from xshare_sglang.policies.apply import MASKED_LOGIT, mask_router_inputs
+from xshare_sglang.kernels import SelectionWorkspace, plan_launch, prune_route, select_keep_mask
+from xshare_sglang.kernels import _prune_route as jit
+from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
+from xshare_sglang.policies.routing import RouterSpec
+from xshare_sglang.policies.scores import exp32, sigmoid32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 POLICIES = ["oea", "xshare", "xshare-threshold", "xshare-spec", "xshare-ep", "moe-spec", "lynx"]
-SHAPES = [(0, 60), (1, 64), (7, 160), (33, 128), (255, 64), (40, 256), (19, 384)]
 STYLES = ["normal", "integers", "nonfinite", "repeated_rows", "few_finite"]
+TOKEN_COUNTS = [0, 1, 7, 64, 255, 4097]
+EXPERT_COUNTS = [60, 64, 128, 160, 256]
+TOP_KS = [1, 2, 4, 8]
+ROUTINGS = ["softmax", "sigmoid", "grouped", "biased"]
+#: Routing weights are float32 sums and quotients of float32 exponentials: the kernels' ``exp``
+#: (one hardware instruction on a GPU) and torch's differ by a few ulp.
+WEIGHT_TOLERANCE = dict(atol=2e-6, rtol=2e-5)
 
 
 def _random_case(policy: str, num_tokens: int, num_experts: int, seed: int) -> dict:
@@ -57,52 +71,154 @@ def _random_case(policy: str, num_tokens: int, num_experts: int, seed: int) -> d
     }
 
 
-def _compare(logits: torch.Tensor, case: dict, as_tensor: bool) -> None:
+def _router(routing: str, top_k: int, num_experts: int, seed: int) -> tuple[RouterSpec, torch.Tensor | None]:
+    """A router of the given kind, and its correction bias (biased routing only)."""
+    rng = random.Random(seed)
+    groups = 4 if num_experts % 8 else 8
+    topk_group = max(2, -(-top_k // (num_experts // groups)))
+    if routing == "softmax":
+        return RouterSpec(top_k, "softmax", renormalize=rng.random() < 0.5), None
+    if routing == "sigmoid":
+        return RouterSpec(top_k, "sigmoid", renormalize=rng.random() < 0.5), None
+    if routing == "grouped":
+        return RouterSpec(top_k, "softmax", True, groups, topk_group), None
+    bias = torch.randn(num_experts, generator=torch.Generator().manual_seed(seed)) * 0.5
+    return RouterSpec(top_k, "sigmoid", True, groups, topk_group, 2.5), bias
+
+
+def _coverage_cases() -> list[tuple]:
+    """Every policy on every (T, E); top_k and routing cycle so every value meets every policy."""
+    cases = []
+    shapes = list(itertools.product(TOKEN_COUNTS, EXPERT_COUNTS))
+    for p, policy in enumerate(POLICIES):
+        for i, (num_tokens, num_experts) in enumerate(shapes):
+            if num_tokens == 4097 and num_experts != [64, 160][p % 2]:
+                continue  # the interpreter takes ~10-50 s per T=4097 call: one E per policy
+            top_k = TOP_KS[(i + p) % len(TOP_KS)]
+            routing = ROUTINGS[(i // len(TOP_KS) + p) % len(ROUTINGS)]
+            cases.append((policy, num_tokens, num_experts, top_k, routing))
+    return cases
+
+
+def _compare_routing(logits, cfg, router, *, bias=None, as_tensor=True, **kwargs) -> None:
+    """Kernel against reference: keep and ids exactly, weights within tolerance, metrics exactly."""
+    num_valid = kwargs.pop("num_valid_tokens", None)
+    want_metrics = torch.zeros(4, dtype=torch.int64)
+    want = prune_route_reference(
+        logits, cfg, router, correction_bias=bias, num_valid_tokens=num_valid, metrics_row=want_metrics, **kwargs
+    )
+    if as_tensor and num_valid is not None:
+        num_valid = torch.tensor([num_valid], device=DEVICE, dtype=torch.int32)
+    moved = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    got = prune_route(
+        logits.to(DEVICE),
+        cfg,
+        router,
+        correction_bias=None if bias is None else bias.to(DEVICE),
+        num_valid_tokens=num_valid,
+        metrics_row=metrics,
+        **moved,
+    )
+    label = f"{cfg.summary()} {router} T={logits.shape[0]} E={logits.shape[1]} {kwargs.get('tokens_per_request')}"
+    assert got.keep.cpu().tolist() == want.keep.tolist(), label
+    assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+    torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE, msg=label)
+    assert metrics.cpu().tolist() == want_metrics.tolist(), label
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(("policy", "num_tokens", "num_experts", "top_k", "routing"), _coverage_cases())
+def test_prune_route_matches_reference(policy, num_tokens, num_experts, top_k, routing) -> None:
+    seed = num_tokens * 7 + num_experts * 13 + top_k
+    case = _random_case(policy, num_tokens, num_experts, seed)
+    router, bias = _router(routing, top_k, num_experts, seed)
+    cfg = dataclasses.replace(
+        case["cfg"], k0=min(case["cfg"].k0, top_k), coverage=random.Random(seed).choice(["substitution", "truncation"])
+    )
+    logits = make_logits(num_tokens, num_experts, case["style"] if num_tokens < 4097 else "normal", seed)
+    _compare_routing(
+        logits,
+        cfg,
+        router,
+        bias=bias,
+        as_tensor=seed % 2 == 0,
+        tokens_per_request=min(case["tokens_per_request"], 64),
+        num_valid_tokens=case["num_valid"],
+        expert_to_rank=case["expert_to_rank"],
+        fill_dropped=seed % 3 == 0,
+    )
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(0, 60), (7, 160), (64, 128), (255, 64)])
+def test_select_keep_mask_matches_reference(policy: str, num_tokens: int, num_experts: int) -> None:
+    """The keep-only launch (the masked path) agrees with the reference, stats included."""
+    from xshare_sglang.policies.api import select_with_aggregate
+
+    case = _random_case(policy, num_tokens, num_experts, num_tokens + num_experts)
     kwargs = dict(
         top_k=case["top_k"],
         tokens_per_request=case["tokens_per_request"],
-        expert_to_rank=case["expert_to_rank"],
         scoring=case["scoring"],
+        num_valid_tokens=case["num_valid"],
     )
-    want = select_experts_mask(logits, case["cfg"], num_valid_tokens=case["num_valid"], **kwargs)
-    num_valid = case["num_valid"]
-    if as_tensor and num_valid is not None:
-        num_valid = torch.tensor([num_valid], device=DEVICE)
-    kwargs["expert_to_rank"] = case["expert_to_rank"].to(DEVICE)
-    got = select_keep_mask(logits.to(DEVICE), case["cfg"], num_valid_tokens=num_valid, **kwargs)
-    assert got.dtype == torch.bool and got.shape == want.shape
-    assert got.cpu().tolist() == want.tolist(), f"{case['cfg'].summary()} top_k={case['top_k']} case={case}"
+    logits = make_logits(num_tokens, num_experts, case["style"], num_tokens)
+    keep, aggregate = select_with_aggregate(logits, case["cfg"], expert_to_rank=case["expert_to_rank"], **kwargs)
+    stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
+    got = select_keep_mask(
+        logits.to(DEVICE), case["cfg"], expert_to_rank=case["expert_to_rank"].to(DEVICE), stats_out=stats, **kwargs
+    )
+    assert got.cpu().tolist() == keep.tolist(), case
+    assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize(("num_tokens", "num_experts"), SHAPES)
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_kernel_matches_reference(policy: str, num_tokens: int, num_experts: int, seed: int) -> None:
-    case = _random_case(policy, num_tokens, num_experts, seed * 7919 + num_tokens)
-    logits = make_logits(num_tokens, num_experts, case["style"], seed)
-    _compare(logits, case, as_tensor=seed % 2 == 0)
-
-
+@pytest.mark.fused_selection
 @pytest.mark.parametrize(
     ("dtype", "tolerance"),
-    # masks are compared exactly: both paths read the logits cast to float32
-    [(torch.float32, 0), (torch.bfloat16, 0), (torch.float16, 0)],
+    # ids and masks are compared exactly (both paths read the logits cast to float32); the weights
+    # with WEIGHT_TOLERANCE, whatever the input dtype
+    [(torch.float32, WEIGHT_TOLERANCE), (torch.bfloat16, WEIGHT_TOLERANCE), (torch.float16, WEIGHT_TOLERANCE)],
 )
 @pytest.mark.parametrize("policy", POLICIES)
-def test_kernel_dtypes(dtype: torch.dtype, tolerance: int, policy: str) -> None:
+def test_kernel_dtypes(dtype: torch.dtype, tolerance: dict, policy: str) -> None:
     case = _random_case(policy, 24, 64, seed=11)
-    case["num_valid"] = 20
     logits = make_logits(24, 64, "normal", seed=3).to(dtype)
-    _compare(logits, case, as_tensor=True)
+    router = RouterSpec(case["top_k"], case["scoring"])
+    want = prune_route_reference(
+        logits, case["cfg"], router, num_valid_tokens=20, expert_to_rank=case["expert_to_rank"]
+    )
+    got = prune_route(
+        logits.to(DEVICE),
+        case["cfg"],
+        router,
+        num_valid_tokens=torch.tensor([20], device=DEVICE),
+        expert_to_rank=case["expert_to_rank"].to(DEVICE),
+    )
+    assert got.keep.cpu().tolist() == want.keep.tolist()
+    assert torch.equal(got.topk_ids.cpu(), want.topk_ids)
+    torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **tolerance)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_kernel_large_batch(policy: str) -> None:
-    """T = 4097: more tokens than the token pass has programs, and a second tile size."""
-    case = _random_case(policy, 4097, 64, seed=5)
-    case["num_valid"] = 4000
-    case["tokens_per_request"] = 7
-    _compare(make_logits(4097, 64, "normal", seed=9), case, as_tensor=True)
+@triton.jit
+def _exp_probe(x_ptr, exp_ptr, sig_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n, other=0.0)
+    tl.store(exp_ptr + i, jit.exp32(x), mask=i < n)
+    tl.store(sig_ptr + i, jit.sigmoid32(x), mask=i < n)
+
+
+@pytest.mark.fused_selection
+def test_exp32_kernel_is_bit_identical() -> None:
+    """The kernels' exp32 and sigmoid32 give the reference's bits (the fixed-point scores rest on it)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(20000, generator=gen) * 30, torch.linspace(-90, 90, 5001), torch.tensor([0.0, -0.0])])
+    x = x.to(DEVICE)
+    got_exp, got_sig = torch.empty_like(x), torch.empty_like(x)
+    _exp_probe[(-(-x.numel() // 1024),)](x, got_exp, got_sig, x.numel(), BLOCK=1024, enable_fp_fusion=False)
+    assert torch.equal(got_exp.view(torch.int32), exp32(x).view(torch.int32))
+    assert torch.equal(got_sig.view(torch.int32), sigmoid32(x).view(torch.int32))
 
 
 # Hand-built edge cases (see test_worked_examples.py for the reasoning): the threshold reached exactly,
@@ -132,29 +248,47 @@ EDGE_CASES = [
 ]
 
 
+@pytest.mark.fused_selection
 @pytest.mark.parametrize(("logits", "cfg", "top_k", "expected"), EDGE_CASES)
 def test_kernel_edge_cases(logits, cfg, top_k, expected) -> None:
     assert select_experts_mask(logits, cfg, top_k=top_k).tolist() == expected
     assert select_keep_mask(logits.to(DEVICE), cfg, top_k=top_k).cpu().tolist() == expected
 
 
-def test_moe_spec_static(tmp_path) -> None:
-    import json
-
-    num_experts = 160
-    counts = [[float((e * 37 + layer * 11) % 17) for e in range(num_experts)] for layer in range(3)]
-    path = tmp_path / "ranking.json"
-    path.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}))
-    cfg = PrunerConfig(policy="moe-spec", max_experts=20, ranking="static", static_ranking_path=str(path))
-    logits = make_logits(9, num_experts, "normal", seed=1)
-    for layer in range(3):
-        for num_valid in (9, 0):
-            want = select_experts_mask(logits, cfg, top_k=4, num_valid_tokens=num_valid, layer_id=layer)
-            got = select_keep_mask(logits.to(DEVICE), cfg, top_k=4, num_valid_tokens=num_valid, layer_id=layer)
-            assert got.cpu().tolist() == want.tolist()
+def test_fallback_is_logged_once_and_correct(caplog) -> None:
+    importlib.import_module("xshare_sglang.kernels.prune_route")._reported.clear()
+    cfg = PrunerConfig(policy="xshare", k0=1, budget=3)
+    logits = make_logits(6, 600, "normal", seed=2)  # E > 512: outside the kernels
+    with caplog.at_level(logging.WARNING, logger="xshare_sglang.kernels.prune_route"):
+        first = select_keep_mask(logits.to(DEVICE), cfg, top_k=4)
+        second = prune_route(logits.to(DEVICE), cfg, RouterSpec(4))
+    messages = [r.getMessage() for r in caplog.records if "torch reference" in r.getMessage()]
+    assert messages == ["moe-pruner selection uses the torch reference: E=600 experts (the kernels support up to 512)"]
+    want = select_experts_mask(logits, cfg, top_k=4)
+    assert first.cpu().tolist() == want.tolist() and second.keep.cpu().tolist() == want.tolist()
+    assert torch.equal(second.topk_ids.cpu(), prune_route_reference(logits, cfg, RouterSpec(4)).topk_ids)
 
 
-def test_none_and_out_buffer() -> None:
+@pytest.mark.parametrize("spec", [False, True])
+@pytest.mark.parametrize("num_tokens", [0, 1, 7, 32, 33, 64, 255, 4097, 8192])
+@pytest.mark.parametrize("num_experts", [60, 128, 384])
+@pytest.mark.parametrize("tokens_per_request", [1, 3, 64])
+def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens_per_request) -> None:
+    plan = plan_launch(num_tokens, num_experts, tokens_per_request, spec)
+    assert 1 <= plan.num_parts <= 64
+    assert plan.block_experts >= num_experts and plan.block_experts & (plan.block_experts - 1) == 0
+    assert plan.num_parts * plan.rows_per_program >= num_tokens  # every row is some program's
+    assert (plan.num_parts - 1) * plan.rows_per_program < max(num_tokens, 1)  # and no program is idle
+    assert plan.rows_per_program % plan.rows_per_request == 0
+    if spec:
+        assert plan.rows_per_request == tokens_per_request  # requests never straddle programs
+    if num_tokens <= 32:
+        assert plan.single and plan.route_programs == 0  # one launch does everything
+    if not plan.single:
+        assert plan.route_programs * plan.route_rows >= num_tokens > (plan.route_programs - 1) * plan.route_rows
+
+
+def test_none_and_out_buffers() -> None:
     logits = make_logits(5, 60, "normal", seed=0).to(DEVICE)
     out = torch.zeros(60, dtype=torch.bool, device=DEVICE)
     assert select_keep_mask(logits, PrunerConfig(), top_k=2, out=out) is out and bool(out.all())
@@ -162,82 +296,35 @@ def test_none_and_out_buffer() -> None:
     result = select_keep_mask(logits, cfg, top_k=2, out=out, workspace=SelectionWorkspace(60, DEVICE))
     assert result is out
     assert out.cpu().tolist() == select_experts_mask(logits.cpu(), cfg, top_k=2).tolist()
+    ids = torch.full((5, 2), 7, dtype=torch.int32, device=DEVICE)
+    weights = torch.full((5, 2), 7.0, device=DEVICE)
+    routed = prune_route(logits, cfg, RouterSpec(2), keep_out=out, ids_out=ids, weights_out=weights)
+    assert routed.keep is out and routed.topk_ids is ids and routed.topk_weights is weights
+    assert torch.equal(ids.cpu(), prune_route_reference(logits.cpu(), cfg, RouterSpec(2)).topk_ids)
     with pytest.raises(ValueError, match="out must be a bool tensor"):
         select_keep_mask(logits, cfg, top_k=2, out=torch.zeros(60, device=DEVICE))
     with pytest.raises(ValueError, match="workspace is for E=64"):
         select_keep_mask(logits, cfg, top_k=2, workspace=SelectionWorkspace(64, DEVICE))
+    with pytest.raises(ValueError, match=r"ids_out must be a torch.int32 tensor of shape \(5, 2\)"):
+        prune_route(logits, cfg, RouterSpec(2), ids_out=torch.zeros(5, 3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="correction bias needs scoring='sigmoid'"):
+        prune_route(logits, cfg, RouterSpec(2), correction_bias=torch.zeros(60, device=DEVICE))
+    with pytest.raises(ValueError, match="num_expert_group=8 does not divide the 60 experts"):
+        prune_route(logits, cfg, RouterSpec(2, num_expert_group=8, topk_group=2))
 
 
-def test_fallback_is_logged_once_and_correct(caplog) -> None:
-    selection_module._reported.clear()
-    cfg = PrunerConfig(policy="xshare", k0=1, budget=3)
-    logits = make_logits(6, 600, "normal", seed=2)  # E > 512: outside the kernels
-    with caplog.at_level(logging.WARNING, logger="xshare_sglang.kernels.selection"):
-        first = select_keep_mask(logits.to(DEVICE), cfg, top_k=4)
-        second = select_keep_mask(logits.to(DEVICE), cfg, top_k=4)
-    messages = [r.getMessage() for r in caplog.records if "torch reference" in r.getMessage()]
-    assert messages == ["moe-pruner selection uses the torch reference: E=600 experts (the kernels support up to 512)"]
-    want = select_experts_mask(logits, cfg, top_k=4)
-    assert first.cpu().tolist() == want.tolist() and second.cpu().tolist() == want.tolist()
+def test_moe_spec_static_routing(tmp_path) -> None:
+    import json
 
-
-@pytest.mark.parametrize("spec", [False, True])
-@pytest.mark.parametrize("num_tokens", [0, 1, 7, 64, 255, 4097, 8192])
-@pytest.mark.parametrize("num_experts", [60, 128, 384])
-@pytest.mark.parametrize("tokens_per_request", [1, 3, 64])
-def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens_per_request) -> None:
-    plan = plan_launch(num_tokens, num_experts, tokens_per_request, spec)
-    assert 1 <= plan.num_parts <= 64
-    assert plan.block_experts >= num_experts and plan.block_experts & (plan.block_experts - 1) == 0
-    rows = plan.rows_per_request * plan.requests_per_program
-    assert plan.num_parts * rows >= num_tokens  # every row is some program's
-    assert (plan.num_parts - 1) * rows < max(num_tokens, 1)  # and no program is idle
-    if spec:
-        assert plan.rows_per_request == tokens_per_request  # requests never straddle programs
-
-
-@pytest.mark.parametrize(
-    ("dtype", "bias_dtype"),
-    [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float16)],
-)
-@pytest.mark.parametrize(("num_tokens", "num_experts"), [(0, 60), (1, 64), (33, 160), (17, 384)])
-def test_apply_matches_reference(dtype, bias_dtype, num_tokens, num_experts) -> None:
-    gen = torch.Generator().manual_seed(num_tokens + num_experts)
-    logits = torch.randn(num_tokens, num_experts, generator=gen).to(dtype)
-    keep = torch.rand(num_experts, generator=gen) < 0.3
-    bias = torch.randn(num_experts, generator=gen).to(bias_dtype)
-    want, want_bias = mask_router_inputs(logits, keep, bias=bias)
-    got, got_bias = apply_keep_mask(logits.to(DEVICE), keep.to(DEVICE), bias=bias.to(DEVICE))
-    assert torch.equal(got.cpu(), want) and torch.equal(got_bias.cpu(), want_bias)
-    assert (want[:, ~keep] == MASKED_LOGIT).all() and torch.equal(want[:, keep], logits[:, keep])
-    # in place, into the inputs themselves
-    inplace, inplace_bias = logits.to(DEVICE), bias.to(DEVICE)
-    apply_keep_mask(inplace, keep.to(DEVICE), bias=inplace_bias, out=inplace, bias_out=inplace_bias)
-    assert torch.equal(inplace.cpu(), want) and torch.equal(inplace_bias.cpu(), want_bias)
-
-
-@pytest.mark.parametrize("policy", POLICIES)
-def test_stats_out_matches_reference(policy: str) -> None:
-    """stats_out holds (aggregate of kept experts, aggregate of all experts) as the reference computes."""
-    from xshare_sglang.policies.api import select_with_aggregate
-
-    case = _random_case(policy, 40, 64, seed=21)
-    case["num_valid"] = 33
-    logits = make_logits(40, 64, "normal", seed=8)
-    kwargs = dict(
-        top_k=case["top_k"],
-        tokens_per_request=case["tokens_per_request"],
-        expert_to_rank=case["expert_to_rank"],
-        scoring=case["scoring"],
-        num_valid_tokens=33,
-    )
-    keep, aggregate = select_with_aggregate(logits, case["cfg"], **kwargs)
-    stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
-    kwargs["expert_to_rank"] = kwargs["expert_to_rank"].to(DEVICE)
-    got = select_keep_mask(logits.to(DEVICE), case["cfg"], stats_out=stats, **kwargs)
-    assert got.cpu().tolist() == keep.tolist()
-    assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
-    assert stats[1] > 0 and 0 <= stats[0] <= stats[1]
+    num_experts = 160
+    counts = [[float((e * 37 + layer * 11) % 17) for e in range(num_experts)] for layer in range(3)]
+    path = tmp_path / "ranking.json"
+    path.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}))
+    cfg = PrunerConfig(policy="moe-spec", max_experts=20, ranking="static", static_ranking_path=str(path))
+    logits = make_logits(40, num_experts, "normal", seed=1)
+    for layer in range(3):
+        for num_valid in (40, 9, 0):
+            _compare_routing(logits, cfg, RouterSpec(4), layer_id=layer, num_valid_tokens=num_valid)
 
 
 def _vote_weights(num_tokens: int, seed: int) -> torch.Tensor:
@@ -263,6 +350,7 @@ def _vote_weights(num_tokens: int, seed: int) -> torch.Tensor:
 VOTE_CASES = [(policy, "batch") for policy in POLICIES] + [("moe-spec", "request")]
 
 
+@pytest.mark.fused_selection
 @pytest.mark.parametrize(("policy", "scope"), VOTE_CASES, ids=lambda v: str(v))
 @pytest.mark.parametrize(("num_tokens", "num_experts"), [(0, 60), (1, 64), (7, 160), (255, 128), (33, 256), (4097, 64)])
 def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_experts) -> None:
@@ -285,6 +373,17 @@ def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_ex
         num_valid_tokens=num_valid,
     )
     logits = make_logits(num_tokens, num_experts, case["style"], seed)
+    if num_tokens < 4097:  # the routing too (under the interpreter a T=4097 routing takes ~20 s)
+        router = RouterSpec(kwargs["top_k"], kwargs["scoring"])
+        _compare_routing(
+            logits,
+            cfg,
+            router,
+            token_weights=weights,
+            tokens_per_request=kwargs["tokens_per_request"],
+            expert_to_rank=kwargs["expert_to_rank"],
+            num_valid_tokens=num_valid,
+        )
     keep, aggregate = select_with_aggregate(logits, cfg, token_weights=weights, **kwargs)
     kwargs["expert_to_rank"] = kwargs["expert_to_rank"].to(DEVICE)
     kwargs["num_valid_tokens"] = torch.tensor([num_valid], device=DEVICE)
@@ -293,3 +392,38 @@ def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_ex
     assert got.cpu().tolist() == keep.tolist(), f"{cfg.summary()} case={case}"
     if policy != "lynx":
         assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("policy", ["none", *POLICIES])
+def test_one_layer_call_launches_at_most_two_kernels(policy, monkeypatch) -> None:
+    """Count every Triton launch of one pruned layer call (by wrapping the launcher of the kernel
+    class): one for batches that fit one program, never more than two; metrics add none."""
+    launches = []
+    launcher = type(jit.select_kernel)
+    original_run = launcher.run
+
+    def counting_run(self, *args, **kwargs):
+        launches.append(self.__name__ if hasattr(self, "__name__") else str(self))
+        return original_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(launcher, "run", counting_run)
+    for num_tokens, tokens_per_request in [(1, 1), (7, 1), (32, 4), (64, 4), (255, 1)]:
+        case = _random_case(policy if policy != "none" else "oea", num_tokens, 128, seed=num_tokens)
+        cfg = PrunerConfig() if policy == "none" else dataclasses.replace(case["cfg"], max_experts=24)
+        router, bias = _router("biased", 8, 128, seed=num_tokens)
+        logits = make_logits(num_tokens, 128, "normal", seed=num_tokens).to(DEVICE)
+        launches.clear()
+        prune_route(
+            logits,
+            cfg,
+            router,
+            correction_bias=bias.to(DEVICE),
+            tokens_per_request=tokens_per_request,
+            num_valid_tokens=torch.tensor([num_tokens], device=DEVICE),
+            expert_to_rank=case["expert_to_rank"].to(DEVICE),
+            metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE),
+        )
+        assert 1 <= len(launches) <= 2, (num_tokens, launches)
+        if num_tokens <= 32:
+            assert len(launches) == 1, (num_tokens, launches)

@@ -1,8 +1,9 @@
-"""Kernels inside CUDA graphs (GPU only; skipped elsewhere).
+"""Fused selection kernels inside CUDA graphs (GPU only; skipped elsewhere).
 
-Capture the selection and the apply step once at a fixed batch shape, replay several times with new
-logits and new real-token counts, and compare every replay with the torch reference; no host syncs
-allowed (torch.cuda.set_sync_debug_mode("error")) and no allocation per call.
+Capture one pruned layer call (selection and routing) once at a fixed batch shape, replay several
+times with new logits and new real-token counts, and compare every replay with the torch reference:
+keep and ids exactly, weights within tolerance, metrics exactly; no host syncs allowed
+(torch.cuda.set_sync_debug_mode("error")) and no allocation per call.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import torch
 
 from tests.strategies import make_logits
 from xshare_sglang import PrunerConfig, select_experts_mask
-from xshare_sglang.kernels import SelectionWorkspace, apply_keep_mask, select_keep_mask
-from xshare_sglang.policies.apply import mask_router_inputs
+from xshare_sglang.kernels import SelectionWorkspace, prune_route, select_keep_mask
+from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
+from xshare_sglang.policies.routing import RouterSpec
+
+WEIGHT_TOLERANCE = dict(atol=2e-6, rtol=2e-5)
 
 pytestmark = pytest.mark.gpu
 
@@ -75,23 +79,28 @@ def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_pa
     bias = torch.randn(num_experts, device="cuda")
     num_valid = torch.tensor([num_tokens], device="cuda", dtype=torch.int32)
     keep = torch.empty(num_experts, dtype=torch.bool, device="cuda")
-    masked = torch.empty_like(logits)
-    masked_bias = torch.empty_like(bias)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device="cuda")
+    weights = torch.empty(num_tokens, top_k, device="cuda")
+    metrics = torch.zeros(4, dtype=torch.int64, device="cuda")
     workspace = SelectionWorkspace(num_experts, "cuda")
+    router = RouterSpec(top_k, "sigmoid", True, 8, 4, 2.5)
 
     def step() -> None:
-        select_keep_mask(
+        prune_route(
             logits,
             cfg,
-            top_k=top_k,
+            router,
+            correction_bias=bias,
             tokens_per_request=d,
             num_valid_tokens=num_valid,
             expert_to_rank=ranks,
-            out=keep,
-            workspace=workspace,
             layer_id=1,
+            keep_out=keep,
+            ids_out=ids,
+            weights_out=weights,
+            metrics_row=metrics,
+            workspace=workspace,
         )
-        apply_keep_mask(logits, keep, bias=bias, out=masked, bias_out=masked_bias)
 
     logits.copy_(make_logits(num_tokens, num_experts, "normal", seed=0).to(dtype))
     _warm_up(step)
@@ -106,20 +115,25 @@ def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_pa
         fresh = make_logits(num_tokens, num_experts, ["normal", "integers", "nonfinite"][replay % 3], seed=replay + 1)
         logits.copy_(fresh.to(dtype))
         num_valid.fill_(real)
+        metrics.zero_()
         _replay_without_sync(graph)
-        cpu_logits = logits.cpu()
-        want = select_experts_mask(
-            cpu_logits,
+        want_metrics = torch.zeros(4, dtype=torch.int64)
+        want = prune_route_reference(
+            logits.cpu(),
             cfg,
-            top_k=top_k,
+            router,
+            correction_bias=bias.cpu(),
             tokens_per_request=d,
             num_valid_tokens=real,
             expert_to_rank=ranks.cpu(),
             layer_id=1,
+            metrics_row=want_metrics,
         )
-        assert keep.cpu().tolist() == want.tolist(), f"replay {replay} ({real} real tokens)"
-        want_masked, want_bias = mask_router_inputs(cpu_logits, want, bias=bias.cpu())
-        assert torch.equal(masked.cpu(), want_masked) and torch.equal(masked_bias.cpu(), want_bias)
+        label = f"replay {replay} ({real} real tokens)"
+        assert keep.cpu().tolist() == want.keep.tolist(), label
+        assert torch.equal(ids.cpu(), want.topk_ids), label
+        torch.testing.assert_close(weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE)
+        assert metrics.cpu().tolist() == want_metrics.tolist(), label
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -155,8 +169,6 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
     """The plugin's verify path inside one captured graph: depths from static positions, vote weights
     from a static acceptable-node buffer, selection and routing rewrite; each replay gets new
     positions, cut nodes, logits and real-request counts, and is compared with the reference."""
-    from xshare_sglang.kernels import rewrite_routing
-    from xshare_sglang.policies.rewrite import rewrite_routing as rewrite_reference
     from xshare_sglang.spec import draft_depths, vote_weights
 
     bs, d, num_experts, top_k = 16, 8, 128, 8
@@ -169,14 +181,14 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
     ids = torch.zeros(num_tokens, top_k, dtype=torch.int32, device="cuda")
     topk_weights = torch.zeros(num_tokens, top_k, device="cuda")
     workspace = SelectionWorkspace(num_experts, "cuda")
+    router = RouterSpec(top_k)
 
     def step():
         weights = vote_weights(draft_depths(positions, d), cfg.depth_decay, acceptable)
-        select_keep_mask(
-            logits, cfg, top_k=top_k, tokens_per_request=d, num_valid_tokens=num_valid, out=keep,
-            workspace=workspace, token_weights=weights,
+        prune_route(
+            logits, cfg, router, tokens_per_request=d, num_valid_tokens=num_valid, keep_out=keep, ids_out=ids,
+            weights_out=topk_weights, workspace=workspace, token_weights=weights,
         )  # fmt: skip
-        rewrite_routing(ids, topk_weights, keep, num_valid_tokens=num_valid, token_weights=weights)
 
     _warm_up(step)
     graph = _capture(step)
@@ -187,20 +199,16 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
         depth[:, 0] = 0
         new_positions = (torch.randint(5, 500, (bs, 1), generator=gen) + depth).reshape(-1)
         new_acceptable = torch.rand(num_tokens, generator=gen) > 0.2
-        new_ids = new_logits.topk(top_k, dim=1).indices.to(torch.int32)
-        new_weights = torch.rand(num_tokens, top_k, generator=gen)
         logits.copy_(new_logits)
         positions.copy_(new_positions)
         acceptable.copy_(new_acceptable)
         num_valid.fill_(real_bs * d)
-        ids.copy_(new_ids)
-        topk_weights.copy_(new_weights)
         _replay_without_sync(graph)
         want_weights = vote_weights(draft_depths(new_positions, d), cfg.depth_decay, new_acceptable)
-        want = select_experts_mask(
-            new_logits, cfg, top_k=top_k, tokens_per_request=d, num_valid_tokens=real_bs * d, token_weights=want_weights
+        want = prune_route_reference(
+            new_logits, cfg, router, tokens_per_request=d, num_valid_tokens=real_bs * d, token_weights=want_weights
         )
-        assert keep.cpu().tolist() == want.tolist(), f"replay {replay} ({real_bs} real requests)"
-        rewrite_reference(new_ids, new_weights, want, num_valid_tokens=real_bs * d, token_weights=want_weights)
-        assert torch.equal(ids.cpu(), new_ids) and torch.equal(topk_weights.cpu(), new_weights)
+        assert keep.cpu().tolist() == want.keep.tolist(), f"replay {replay} ({real_bs} real requests)"
+        assert torch.equal(ids.cpu(), want.topk_ids)
+        torch.testing.assert_close(topk_weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE)
         assert (ids[real_bs * d :] == -1).all()

@@ -203,7 +203,7 @@ def _layer_activated(logits: torch.Tensor, keep: torch.Tensor) -> float:
     """Experts the server's CPU path reads for one layer call: routing inside ``keep``, dropped slots
     filled, counted like the plugin's metrics."""
     ids, weights = route_within(logits, keep, top_k=TOP_K, coverage="substitution", renormalize=True)
-    metrics = torch.zeros(4, dtype=torch.float64)
+    metrics = torch.zeros(4, dtype=torch.int64)
     rewrite_routing(ids, weights, keep, metrics_row=metrics, fill_dropped=True)
     return float(metrics[0])
 

@@ -85,16 +85,20 @@ class StaticRanking:
     def num_experts(self) -> int:
         return len(self.counts[0])
 
-    def layer_counts(self, layer: int, device: Any) -> Any:
-        """Counts of one layer as a float64 tensor on ``device``, shape [E].
+    def layer_positions(self, layer: int, device: Any) -> Any:
+        """Place of every expert of one layer in the ranking (count desc, index asc), int32 [E].
 
-        Copied to a device once and reused, so later calls (and CUDA-graph capture) copy nothing.
+        Computed once per device from the counts and reused: the kernels and the reference keep
+        the experts whose place is below the budget, with no float64 work per call.
         """
         import torch
 
-        key = str(device)
+        key = ("positions", str(device))
         if key not in self._on_device:
-            self._on_device[key] = torch.tensor(self.counts, dtype=torch.float64, device=device)
+            counts = torch.tensor(self.counts, dtype=torch.float64)
+            order = torch.sort(counts, dim=-1, descending=True, stable=True).indices
+            places = torch.empty_like(order).scatter_(-1, order, torch.arange(self.num_experts).expand_as(order))
+            self._on_device[key] = places.to(dtype=torch.int32, device=device)
         return self._on_device[key][layer]
 
 

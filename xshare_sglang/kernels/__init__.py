@@ -1,25 +1,22 @@
-"""Triton selection kernels and their graph-safe launch wrappers.
+"""Triton kernels of the pruner and their graph-safe launch wrappers.
 
-* :func:`select_keep_mask` - the keep mask of any policy (same meaning as
-  :func:`xshare_sglang.select_experts_mask`, the torch reference it is tested against);
-* :func:`apply_keep_mask` - router logits and correction bias with pruned experts masked;
-* :func:`rewrite_routing` - after SGLang routed inside the mask: leftover picks of pruned experts
-  and padding rows to ``-1``, plus the per-layer metrics, in one launch;
+* :func:`prune_route` - keep mask and pruned routing of one MoE layer call (ids and weights in
+  SGLang's ``TopKOutput`` layout), in place of SGLang's top-k, in one launch for small batches and
+  two otherwise; the reference is :func:`xshare_sglang.policies.prune_route.prune_route`;
+* :func:`select_keep_mask` - the keep mask alone, in one launch (same meaning as
+  :func:`xshare_sglang.select_experts_mask`);
 * :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture.
 
-The jit code lives in the ``_*.py`` modules and is imported (with triton) on the first launch, so
+The jit code lives in ``_prune_route.py`` and is imported (with triton) on the first launch, so
 importing this package stays light.
 """
 
-from .apply import apply_keep_mask
-from .rewrite import rewrite_routing
-from .selection import SelectionWorkspace, plan_launch, select_keep_mask, unsupported_reason
+from .prune_route import SelectionWorkspace, plan_launch, prune_route, select_keep_mask, unsupported_reason
 
 __all__ = [
     "SelectionWorkspace",
-    "apply_keep_mask",
     "plan_launch",
-    "rewrite_routing",
+    "prune_route",
     "select_keep_mask",
     "unsupported_reason",
 ]

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import PrunerConfig
-from .scores import aggregate, quantize_scores, token_scores
+from .scores import aggregate, fixed_point_weights, token_scores, weigh_scores
 
 
 @dataclass
@@ -25,7 +25,7 @@ class LayerBatch:
     real : Tensor, shape [T], bool
         Real rows (not CUDA-graph padding), voting or not; their count is the batch size n that
         ``min_tokens`` / ``max_tokens``, ``moe-spec``'s empty-batch rule and LYNX's base read.
-    token_weights : Tensor, shape [T], float64, or None
+    token_weights : Tensor, shape [T], float32, or None
         Vote weight of each row (speculative verify: depth decay); None weighs every row 1.
     cfg : PrunerConfig
     top_k : int
@@ -66,8 +66,8 @@ class LayerBatch:
         """Fixed-point per-token scores of the configured kind, times the token weights, [T, E] int64."""
         scores = token_scores(self.logits, score=self.cfg.effective_score, scoring=self.scoring, top_k=self.top_k)
         if self.token_weights is not None:
-            scores = scores * self.token_weights[:, None]
-        return quantize_scores(scores)
+            scores = weigh_scores(scores, fixed_point_weights(self.token_weights))
+        return scores
 
     @cached_property
     def valid_scores(self) -> torch.Tensor:

@@ -64,12 +64,32 @@ def greedy_add(keep: torch.Tensor, agg: torch.Tensor, count: int) -> torch.Tenso
     return keep | (candidate & (position < count))
 
 
+TAU_FRACTION_BITS = 30
+
+
+def tau_fixed_point(tau: float) -> int:
+    """``tau`` on the ``2**-30`` grid, rounded to nearest."""
+    return round(tau * (1 << TAU_FRACTION_BITS))
+
+
+def threshold_target(total: torch.Tensor, tau_q: int) -> torch.Tensor:
+    """``ceil(tau_q * total / 2**30)`` exactly in int64, for ``0 <= total < 2**56``.
+
+    ``total`` is split at bit 23 so that no intermediate product exceeds 2**54.
+    """
+    high, low = total >> 23, total & ((1 << 23) - 1)
+    a, b = high * tau_q, low * tau_q
+    rest = (a & 127) * (1 << 23) + b
+    return (a >> 7) + ((rest + (1 << TAU_FRACTION_BITS) - 1) >> TAU_FRACTION_BITS)
+
+
 def threshold_add(keep: torch.Tensor, agg: torch.Tensor, tau: float) -> torch.Tensor:
     """Grow ``keep`` greedily until its aggregate reaches ``tau`` of the total.
 
     An outside expert with aggregate > 0 is added when the aggregate kept before it, in greedy
-    order, is still below ``tau * total`` (compared in float64, where the int64 aggregates are exact
-    for fewer than 2**29 tokens).
+    order, is still below ``tau * total``.  The comparison is exact, in integers: ``tau`` is taken
+    on a ``2**-30`` grid (:func:`tau_fixed_point`) and the bound is ``ceil(tau_q * total / 2**30)``
+    (:func:`threshold_target`).
 
     Parameters
     ----------
@@ -85,8 +105,8 @@ def threshold_add(keep: torch.Tensor, agg: torch.Tensor, tau: float) -> torch.Te
     order = descending_order(torch.where(candidate, agg, -1))
     gain_in_order = torch.where(candidate, agg, 0).gather(-1, order)
     kept_before = torch.where(keep, agg, 0).sum() + torch.cumsum(gain_in_order, dim=-1) - gain_in_order
-    target = tau * agg.sum().to(torch.float64)
-    add_in_order = kept_before.to(torch.float64) < target
+    target = threshold_target(agg.sum(), tau_fixed_point(tau))
+    add_in_order = kept_before < target
     return keep | (candidate & add_in_order.gather(-1, position))
 
 

@@ -9,7 +9,7 @@ Each valid token then picks its ``top_k`` candidate experts ordered by (bin desc
 desc, index asc); the keep mask is the union of the picks.  A token whose top-1 is alone in bin 0
 keeps it; near-ties within a bin go to experts the rest of the batch favours.
 
-Exactness: bins are computed in float64 (``alpha * (l - max)`` then ``ceil``).  ``s`` is compared
+Exactness: bins are computed in float32 (``(l - max) * alpha``, two rounded steps, then ``ceil``).  ``s`` is compared
 exactly, without floating point: ``s[e] * n**beta`` is an integer whose base-n digits follow from the
 per-bin counts of tokens, so experts are ranked by their digit strings.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._batch import LayerBatch, Selection
-from .scores import descending_order, positions_in_order
+from .scores import descending_order, float32_value, positions_in_order
 
 
 def lynx_bins(logits: torch.Tensor, alpha: float, beta: int) -> torch.Tensor:
@@ -36,9 +36,10 @@ def lynx_bins(logits: torch.Tensor, alpha: float, beta: int) -> torch.Tensor:
     Tensor, shape [T, E], int64, values in ``[-beta, 0]``.  ``-inf`` logits (and rows with no
     finite logit) fall in bin ``-beta``.
     """
-    wide = logits.to(torch.float64)
-    gap = wide - wide.amax(dim=-1, keepdim=True)
-    bins = torch.ceil(alpha * gap)
+    narrow = logits.to(torch.float32)
+    top = narrow.amax(dim=-1, keepdim=True)
+    gap = narrow - torch.where(top > float("-inf"), top, 0.0)
+    bins = torch.ceil(gap * float32_value(alpha))
     bins = torch.where(torch.isnan(bins), float(-beta), bins)
     return bins.clamp(min=-beta).to(torch.int64)
 

@@ -22,8 +22,8 @@ def _top(values: torch.Tensor, count: int) -> torch.Tensor:
     return positions_in_order(descending_order(values)) < count
 
 
-def static_values(cfg: PrunerConfig, layer_id: int | None, device: torch.device) -> torch.Tensor:
-    """Calibration counts of one layer, float64 [E] on ``device`` (cached there after the first call).
+def static_positions(cfg: PrunerConfig, layer_id: int | None, device: torch.device) -> torch.Tensor:
+    """Place of each expert in one layer's calibration ranking, int32 [E] on ``device`` (cached).
 
     ``layer_id`` may be omitted only when the ranking file has a single layer.
     """
@@ -37,20 +37,19 @@ def static_values(cfg: PrunerConfig, layer_id: int | None, device: torch.device)
         layer = 0
     if not 0 <= layer < ranking.num_layers:
         raise ValueError(f"layer_id={layer} is outside the static ranking file's {ranking.num_layers} layers")
-    return ranking.layer_counts(layer, device)
+    return ranking.layer_positions(layer, device)
 
 
 def select_moe_spec(batch: LayerBatch) -> Selection:
     """``moe-spec`` with ``ranking`` = ``router`` (batch aggregate) or ``static`` (file counts)."""
     cfg = batch.cfg
     if cfg.ranking == "static":
-        values = static_values(cfg, batch.layer_id, batch.logits.device)
-    elif cfg.scope == "request":
+        keep = (static_positions(cfg, batch.layer_id, batch.logits.device) < cfg.max_experts) & (batch.num_valid > 0)
+        return Selection(keep, torch.zeros_like(keep))
+    if cfg.scope == "request":
         agg_per_request = per_request_sums(batch.valid_scores, batch.tokens_per_request)
         votes = per_request_sums(batch.valid.to(torch.int64)[:, None], batch.tokens_per_request)[:, 0] > 0
         keep = (_top(agg_per_request, cfg.max_experts) & votes[:, None]).any(dim=0)
         return Selection(keep, torch.zeros_like(keep))
-    else:
-        values = batch.batch_aggregate
-    keep = _top(values, cfg.max_experts) & (batch.num_valid > 0)
+    keep = _top(batch.batch_aggregate, cfg.max_experts) & (batch.num_valid > 0)
     return Selection(keep, torch.zeros_like(keep))

@@ -20,10 +20,33 @@ from __future__ import annotations
 
 import torch
 
-from .scores import sanitize_token_weights, valid_token_mask
+from .scores import SCORE_ONE, sanitize_token_weights, valid_token_mask
 
-#: Columns of a metrics row: sums over layer calls, and the number of calls.
+#: Columns of a metrics row (int64): sums over layer calls, and the number of calls.  The retained
+#: score mass is summed in units of 2**-24 (one call adds at most 2**24).
 METRIC_COLUMNS = ("activated_experts", "kept_experts", "retained_score_mass", "calls")
+RETAINED_ONE = SCORE_ONE
+
+
+def call_metrics(
+    topk_ids: torch.Tensor, num_ids: int, keep: torch.Tensor, kept_total: torch.Tensor, total: torch.Tensor
+) -> torch.Tensor:
+    """``[activated experts, kept experts, retained score mass * 2**24, 1]`` of one call, int64 [4].
+
+    Activated experts are the distinct ids in ``[0, num_ids)`` the routing sends a token to
+    (weight-0 fillers included: the backend reads them).  The retained mass is the kept share of the
+    batch's aggregate score, ``floor(float32(kept_total) / float32(total) * 2**24)``, and a full
+    2**24 when the total is 0.
+    """
+    device = topk_ids.device
+    ids = topk_ids.long()
+    live = (ids >= 0) & (ids < num_ids)
+    used = torch.zeros(num_ids + 1, dtype=torch.int64, device=device)
+    used.scatter_(0, torch.where(live, ids, num_ids).reshape(-1), 1)
+    ratio = kept_total.to(torch.float32) / torch.where(total > 0, total, 1).to(torch.float32)
+    retained = torch.where(total > 0, torch.floor(ratio * float(SCORE_ONE)).to(torch.int64), SCORE_ONE)
+    one = torch.ones((), dtype=torch.int64, device=device)
+    return torch.stack([used[:num_ids].sum(), keep.sum().to(torch.int64), retained, one])
 
 
 def filler_ids(topk_ids: torch.Tensor, keep_ids: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
@@ -88,10 +111,9 @@ def rewrite_routing(
         Rows at or after it are padding: every slot becomes ``-1``, weight 0.
     physical_to_logical : Tensor, shape [P], integer, optional
         Logical expert of each physical expert (EPLB / redundant experts); identity when None.
-    metrics_row : Tensor, shape [4], float64, optional
-        Receives ``+= [activated experts, kept experts, retained score mass, 1]``; activated counts
-        the distinct routed experts the rewritten ids still send a token to (with ``fill_dropped``,
-        the fillers too: the backend reads them).
+    metrics_row : Tensor, shape [4], int64, optional
+        Receives ``+=`` :func:`call_metrics` of the rewritten ids (activated counts the distinct
+        routed experts they still send a token to; with ``fill_dropped``, the fillers too).
     stats : Tensor, shape [2], int64, optional
         ``(kept aggregate, total aggregate)`` from the selection; retained mass is their ratio
         (1 when the total is 0).
@@ -113,23 +135,8 @@ def rewrite_routing(
     topk_weights.masked_fill_(drop, 0)
     if fill_dropped:
         topk_ids.copy_(torch.where(drop, filler_ids(topk_ids, keep_ids, drop), topk_ids))
-        ids = topk_ids.long()
     if metrics_row is None:
         return
-    live = routed & ~drop if not fill_dropped else (ids >= 0) & (ids < num_ids)
-    used = torch.zeros(num_ids + 1, dtype=torch.int32, device=topk_ids.device)
-    used.scatter_(0, torch.where(live, ids, num_ids).reshape(-1), 1)
-    if stats is None:
-        retained = torch.ones((), dtype=torch.float64, device=topk_ids.device)
-    else:
-        total = stats[1].to(torch.float64)
-        retained = torch.where(total > 0, stats[0].to(torch.float64) / torch.where(total > 0, total, 1.0), 1.0)
-    update = torch.stack(
-        [
-            used[:num_ids].sum().to(torch.float64),
-            keep.sum().to(torch.float64),
-            retained,
-            torch.ones((), dtype=torch.float64, device=topk_ids.device),
-        ]
-    )
-    metrics_row.add_(update)
+    zero = torch.zeros((), dtype=torch.int64, device=topk_ids.device)
+    kept_total, total = (zero, zero) if stats is None else (stats[0], stats[1])
+    metrics_row.add_(call_metrics(topk_ids, num_ids, keep, kept_total, total))

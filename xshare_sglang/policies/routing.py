@@ -2,24 +2,152 @@
 
 Two coverages (MoE-Spec section 3.3):
 
-* ``substitution`` (default) - the model's own routing with the logits of pruned experts removed:
-  each token takes its top-k kept experts by logit; softmax weights are computed over the kept
-  experts (this is what masking the router logits inside SGLang produces), sigmoid weights are
-  unchanged; renormalized over the chosen experts when the model renormalizes.
-* ``truncation`` - each token keeps its natural top-k and its natural weights; picks outside the
-  mask become ``-1`` with weight 0 and the rest are not renormalized (MoE-Spec eq. 7).
+* ``substitution`` (default) - the model's own routing among the kept experts only: what SGLang's
+  router produces when the logits (and correction bias) of pruned experts are masked;
+* ``truncation`` - each token keeps its natural routing and natural weights; picks outside the mask
+  become ``-1`` with weight 0 and the rest are not renormalized (MoE-Spec eq. 7).
 
-Slots a token cannot fill (fewer kept candidates than k), and every slot of a padded row, are
-``-1`` with weight 0.  Slots are ordered by logit, highest first, ties to the lower index.
+The model's router, as SGLang's ``TopKConfig`` describes it (:class:`RouterSpec`):
+
+* the choice key of an expert is its logit, or with a correction bias (DeepSeek-V3 style)
+  ``sigmoid32(logit) + bias`` in float32;
+* grouped routing (``num_expert_group`` G > 1) splits the experts into G contiguous groups, ranks
+  the groups that hold a candidate by the best candidate key (with a bias: the sum of the two best;
+  a group with one candidate ranks after every group with two, by that one key), keeps the best
+  ``topk_group`` groups, and picks only inside them;
+* each token takes its ``top_k`` candidates with the highest key (ties to the lower index); the
+  weight of a pick is the softmax over the candidates (softmax models) or the sigmoid of its logit,
+  renormalized over the picks when the model renormalizes, then times ``routed_scaling_factor``
+  when the model applies it to the routing output.
+
+Slots a token cannot fill (fewer candidates than k), and every slot of a padded row, are ``-1`` with
+weight 0.  Slots are ordered by key, highest first, ties to the lower index.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ..config import COVERAGES
 from .api import check_routing_args
-from .scores import descending_order, normalize_rows, sanitize_logits, scoring_weights, valid_token_mask
+from .scores import (
+    SCORINGS,
+    descending_order,
+    normalize_rows,
+    sanitize_logits,
+    scoring_weights,
+    sigmoid32,
+    valid_token_mask,
+)
+
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """How a model routes its tokens: the parts of SGLang's ``TopKConfig`` that routing reads.
+
+    Attributes
+    ----------
+    top_k : int
+        Routed experts per token.
+    scoring : {"softmax", "sigmoid"}
+    renormalize : bool
+        Whether the weights of a token's picks are divided by their sum.
+    num_expert_group : int
+        G; 1 means no grouping.  E must be a multiple of G.
+    topk_group : int
+        Groups a token may pick from (1 <= topk_group <= G).
+    routed_scaling_factor : float or None
+        Multiplies every routed weight (SGLang: only when ``apply_routed_scaling_factor_on_output``).
+    """
+
+    top_k: int
+    scoring: str = "softmax"
+    renormalize: bool = True
+    num_expert_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "num_expert_group", "topk_group"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RouterSpec.{name}={value!r} is invalid: must be an integer >= 1")
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"RouterSpec.scoring={self.scoring!r} is invalid: choose one of {', '.join(SCORINGS)}")
+        if not isinstance(self.renormalize, bool):
+            raise ValueError(f"RouterSpec.renormalize={self.renormalize!r} is invalid: must be True or False")
+        if self.topk_group > self.num_expert_group:
+            raise ValueError(
+                f"RouterSpec.topk_group={self.topk_group} is invalid: must be <= num_expert_group="
+                f"{self.num_expert_group}"
+            )
+        factor = self.routed_scaling_factor
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0):
+            raise ValueError(f"RouterSpec.routed_scaling_factor={factor!r} is invalid: must be None or a number > 0")
+
+    @property
+    def grouped(self) -> bool:
+        return self.num_expert_group > 1
+
+    def check(self, num_experts: int, correction_bias: torch.Tensor | None) -> None:
+        """Raise ``ValueError`` when this router cannot route ``num_experts`` experts (with this bias)."""
+        if self.top_k > num_experts:
+            raise ValueError(f"top_k={self.top_k} is invalid: must be an integer in [1, {num_experts}]")
+        if num_experts % self.num_expert_group:
+            raise ValueError(f"num_expert_group={self.num_expert_group} does not divide the {num_experts} experts")
+        if self.grouped and self.top_k > self.topk_group * (num_experts // self.num_expert_group):
+            raise ValueError(
+                f"top_k={self.top_k} exceeds the {self.topk_group} groups of "
+                f"{num_experts // self.num_expert_group} experts a token may pick from"
+            )
+        if correction_bias is not None:
+            if self.scoring != "sigmoid":
+                raise ValueError("a correction bias needs scoring='sigmoid' (the key is sigmoid(logit) + bias)")
+            if not isinstance(correction_bias, torch.Tensor) or correction_bias.shape != (num_experts,):
+                shape = tuple(correction_bias.shape) if isinstance(correction_bias, torch.Tensor) else correction_bias
+                raise ValueError(f"correction_bias must be a tensor of shape ({num_experts},), got {shape}")
+
+
+def sanitize_bias(correction_bias: torch.Tensor) -> torch.Tensor:
+    """Float32 bias with NaN -> 0 and +-inf -> +-max float32 (every key stays finite)."""
+    return torch.nan_to_num(correction_bias.to(torch.float32), nan=0.0, posinf=_FP32_MAX, neginf=-_FP32_MAX)
+
+
+def choice_keys(logits: torch.Tensor, correction_bias: torch.Tensor | None) -> torch.Tensor:
+    """The key each token ranks experts by: the logit, or ``sigmoid32(logit) + bias`` (float32)."""
+    if correction_bias is None:
+        return logits
+    return sigmoid32(logits) + sanitize_bias(correction_bias)
+
+
+def _descending_lexicographic(primary: torch.Tensor, secondary: torch.Tensor) -> torch.Tensor:
+    """Order by (primary desc, secondary desc, index asc) along the last dimension."""
+    order = descending_order(secondary)
+    return order.gather(-1, descending_order(primary.gather(-1, order)))
+
+
+def group_allowed(key: torch.Tensor, candidates: torch.Tensor, router: RouterSpec, biased: bool) -> torch.Tensor:
+    """Which experts lie in one of the token's ``topk_group`` best groups, [..., E] bool."""
+    num_experts = key.shape[-1]
+    groups = router.num_expert_group
+    size = num_experts // groups
+    grouped_key = torch.where(candidates, key, float("-inf")).view(*key.shape[:-1], groups, size)
+    count = candidates.view(*key.shape[:-1], groups, size).sum(-1)
+    best = descending_order(grouped_key)[..., :2]
+    top = grouped_key.gather(-1, best)
+    if biased and size >= 2:
+        score = torch.where(count >= 2, top[..., 0] + top[..., 1], top[..., 0])
+        primary = count.clamp(max=2)
+    else:
+        score = top[..., 0]
+        primary = count.clamp(max=1)
+    order = _descending_lexicographic(primary, score)[..., : router.topk_group]
+    chosen = torch.zeros_like(primary, dtype=torch.bool).scatter_(-1, order, True) & (primary > 0)
+    return chosen.repeat_interleave(size, dim=-1)
 
 
 def route_logits(
@@ -30,6 +158,8 @@ def route_logits(
     coverage: str,
     scoring: str,
     renormalize: bool,
+    correction_bias: torch.Tensor | None = None,
+    router: RouterSpec | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing of sanitized logits under one or several keep masks.
 
@@ -40,29 +170,33 @@ def route_logits(
         One mask, or C candidate masks (the oracle evaluates many at once).
     top_k, coverage, scoring, renormalize
         As in :func:`route_within`.
+    correction_bias : Tensor, shape [E], optional
+    router : RouterSpec, optional
+        Grouping and output scaling; when given, its ``top_k``, ``scoring`` and ``renormalize``
+        must equal the arguments.
 
     Returns
     -------
     ids : Tensor, shape [T, k] or [C, T, k], int64, ``-1`` for dropped slots
     weights : Tensor, same shape, float32
     """
-    candidates = logits > float("-inf")
+    finite = logits > float("-inf")
     batch_shape = torch.broadcast_shapes(keep.shape, logits.shape)
-    if coverage == "substitution":
-        allowed = candidates & keep
-        slots = descending_order(torch.where(allowed, logits, float("-inf")))[..., :top_k]
-        filled = allowed.gather(-1, slots)
-        weights = torch.where(filled, scoring_weights(logits, allowed, scoring).gather(-1, slots), 0.0)
-        if renormalize:
-            weights = normalize_rows(weights)
-    else:
-        slots = descending_order(logits)[..., :top_k]
-        natural = candidates.gather(-1, slots)
-        weights = torch.where(natural, scoring_weights(logits, candidates, scoring).gather(-1, slots), 0.0)
-        if renormalize:
-            weights = normalize_rows(weights)
-        slots = slots.expand(*batch_shape[:-1], top_k)
-        filled = natural & keep.expand(batch_shape).gather(-1, slots)
+    candidates = (finite & keep) if coverage == "substitution" else finite.expand(batch_shape)
+    key = choice_keys(logits, correction_bias).expand(batch_shape)
+    allowed = candidates
+    if router is not None and router.grouped:
+        allowed = candidates & group_allowed(key, candidates, router, correction_bias is not None)
+    slots = descending_order(torch.where(allowed, key, float("-inf")))[..., :top_k]
+    filled = allowed.gather(-1, slots)
+    wide = logits.expand(batch_shape)
+    weights = torch.where(filled, scoring_weights(wide, candidates, scoring).gather(-1, slots), 0.0)
+    if renormalize:
+        weights = normalize_rows(weights)
+    if router is not None and router.routed_scaling_factor is not None:
+        weights = weights * float(router.routed_scaling_factor)
+    if coverage == "truncation":
+        filled = filled & keep.expand(batch_shape).gather(-1, slots)
         weights = torch.where(filled, weights, 0.0)
     ids = torch.where(filled, slots, -1)
     return ids, weights
@@ -77,6 +211,10 @@ def route_within(
     scoring: str = "softmax",
     renormalize: bool = True,
     num_valid_tokens: int | torch.Tensor | None = None,
+    correction_bias: torch.Tensor | None = None,
+    num_expert_group: int = 1,
+    topk_group: int = 1,
+    routed_scaling_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Route every token inside the kept experts.
 
@@ -93,6 +231,12 @@ def route_within(
     num_valid_tokens : int or one-element Tensor, optional
         Rows at or after it are padding and get only ``-1`` slots (an addition to DESIGN section 4's
         signature, for CUDA-graph padded batches).
+    correction_bias : Tensor, shape [E], optional
+        Added to ``sigmoid32(logit)`` to choose experts, not to weigh them (needs sigmoid scoring).
+    num_expert_group, topk_group : int
+        Grouped routing (1, 1: none).
+    routed_scaling_factor : float, optional
+        Multiplies every routed weight.
 
     Returns
     -------
@@ -106,6 +250,8 @@ def route_within(
     if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.shape != (num_experts,):
         got = (keep.dtype, tuple(keep.shape)) if isinstance(keep, torch.Tensor) else type(keep).__name__
         raise ValueError(f"keep must be a bool tensor of shape ({num_experts},), got {got}")
+    router = RouterSpec(top_k, scoring, renormalize, num_expert_group, topk_group, routed_scaling_factor)
+    router.check(num_experts, correction_bias)
     ids, weights = route_logits(
         sanitize_logits(logits),
         keep.to(logits.device),
@@ -113,6 +259,8 @@ def route_within(
         coverage=coverage,
         scoring=scoring,
         renormalize=renormalize,
+        correction_bias=None if correction_bias is None else correction_bias.to(logits.device),
+        router=router,
     )
     valid = valid_token_mask(num_tokens, num_valid_tokens, logits.device)[:, None]
     return torch.where(valid, ids, -1).to(torch.int32), torch.where(valid, weights, 0.0)

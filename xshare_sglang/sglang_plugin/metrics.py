@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..policies.rewrite import RETAINED_ONE
 from .runtime import PrunerRuntime
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class MetricsReporter:
             return None
         self._warn_unpruned_layers(seen)
         per_layer = sums[seen, :3] / calls[seen, None]
+        per_layer[:, 2] /= RETAINED_ONE
         means = per_layer.mean(dim=0).tolist()
         summary = {
             "activated_experts": means[0],
@@ -149,7 +151,7 @@ class MetricsReporter:
             labels = {**labelnames, "layer": str(layer_id)}
             self._gauges["activated"].labels(**labels).set(float(sums[row, 0]) / calls)
             self._gauges["kept"].labels(**labels).set(float(sums[row, 1]) / calls)
-            self._gauges["retained"].labels(**labels).set(float(sums[row, 2]) / calls)
+            self._gauges["retained"].labels(**labels).set(float(sums[row, 2]) / RETAINED_ONE / calls)
         new_faults = self.runtime.faults - self._reported_faults
         if new_faults:
             self._gauges["fallbacks"].labels(**labelnames).inc(new_faults)

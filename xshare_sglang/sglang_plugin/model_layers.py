@@ -14,6 +14,7 @@ import torch
 
 from ..config import PrunerConfig
 from ..policies.rewrite import METRIC_COLUMNS
+from ..policies.routing import RouterSpec
 from .moe_backends import dropped_slots_filled
 from .runtime import LayerState, PrunerRuntime
 from .settings import PluginSettings
@@ -231,8 +232,43 @@ def physical_to_logical(layer_id: int) -> torch.Tensor | None:
     return None if meta is None else meta.physical_to_logical_map[layer_id]
 
 
+def fused_router(topk_config: Any, num_experts: int) -> tuple[RouterSpec | None, str]:
+    """The layer's router as the fused kernels take it, or (None, why) when they cannot replace it.
+
+    The fused path routes plain softmax / sigmoid routers, with a correction bias (sigmoid), groups
+    and output scaling.  A custom routing function, fused shared-expert columns or a bias next to
+    softmax keep SGLang's own router, inside masked logits.
+    """
+    if getattr(topk_config, "custom_routing_function", None) is not None:
+        return None, "a custom routing function"
+    if topk_config.num_shared_topk_slots:
+        return None, "fused shared-expert slots"
+    if topk_config.scoring_func not in ("softmax", "sigmoid"):
+        return None, f"scoring {topk_config.scoring_func!r}"
+    if topk_config.correction_bias is not None and topk_config.scoring_func != "sigmoid":
+        return None, "a correction bias with softmax scoring"
+    groups, topk_group = 1, 1
+    if topk_config.use_grouped_topk:
+        groups, topk_group = int(topk_config.num_expert_group or 1), int(topk_config.topk_group or 1)
+    scale = topk_config.routed_scaling_factor if topk_config.apply_routed_scaling_factor_on_output else None
+    try:
+        router = RouterSpec(
+            top_k=int(topk_config.top_k),
+            scoring=topk_config.scoring_func,
+            renormalize=bool(topk_config.renormalize),
+            num_expert_group=groups,
+            topk_group=topk_group,
+            routed_scaling_factor=None if scale is None else float(scale),
+        )
+        router.check(num_experts, topk_config.correction_bias)
+    except ValueError as exc:
+        return None, str(exc)
+    return router, ""
+
+
 def make_layer_state(topk_config: Any, *, layer_id: int, row: int, num_experts: int, device) -> LayerState:
     """Per-layer state and buffers for one of SGLang's ``TopKConfig`` objects."""
+    router, _ = fused_router(topk_config, num_experts)
     return LayerState(
         layer_id=layer_id,
         row=row,
@@ -242,6 +278,7 @@ def make_layer_state(topk_config: Any, *, layer_id: int, row: int, num_experts: 
         scoring=routing_scoring(topk_config),
         keep=torch.ones(num_experts, dtype=torch.bool, device=device),
         stats=torch.zeros(2, dtype=torch.int64, device=device),
+        router=router,
     )
 
 
@@ -252,7 +289,7 @@ def make_runtime(settings: PluginSettings, states: dict[int, LayerState], device
         device=torch.device(device),
         layers=states,
         num_valid_buffer=torch.zeros(1, dtype=torch.int32, device=device),
-        metrics=torch.zeros(len(states), len(METRIC_COLUMNS), dtype=torch.float64, device=device),
+        metrics=torch.zeros(len(states), len(METRIC_COLUMNS), dtype=torch.int64, device=device),
         physical_to_logical=physical_to_logical,
     )
 
@@ -294,4 +331,11 @@ def build_runtime(
         states[id(topk.topk_config)] = state
     for reason in sorted(fill_reasons):
         logger.info("moe-pruner: dropped slots get a weight-0 expert instead of -1 (%s)", reason)
+    unfused = sorted({fused_router(t.topk_config, n)[1] for t, n, _ in layers} - {""})
+    for reason in unfused:
+        logger.info(
+            "moe-pruner: layers with %s keep SGLang's router (masked logits, then a rewrite); the rest "
+            "route in the fused selection kernel",
+            reason,
+        )
     return make_runtime(settings, states, device)

@@ -4,12 +4,14 @@ State published by the forward hooks (:class:`ForwardScope`) says whether the cu
 to prune and how it is laid out; the routing hooks then, per MoE layer call of the target model:
 
 1. :meth:`PrunerRuntime.begin_call` - is this layer call pruned?  (target model, pruned phase);
-2. :meth:`PrunerRuntime.select_and_mask` - compute the keep mask from the router logits; with
-   ``substitution`` coverage also mask the logits (in place) and the correction bias (into a
-   per-layer buffer), so SGLang routes each token among the kept experts; with ``truncation`` the
-   logits stay as they are and each token keeps its natural picks;
-3. :meth:`PrunerRuntime.rewrite` - after SGLang routed: leftover picks and padding rows to ``-1``,
-   and the layer's metrics, accumulated on the device.
+2. :meth:`PrunerRuntime.route` - the fused path, for every router the kernels reproduce: one or two
+   launches compute the keep mask and each token's experts and weights inside it, plus the layer's
+   metrics, and SGLang's own top-k does not run;
+3. otherwise (a custom routing function, fused shared-expert slots, a per-call bias, a routing
+   override) the masked path: :meth:`PrunerRuntime.select_and_mask` computes the keep mask and
+   masks the logits (in place) and the bias (into a per-layer buffer) so SGLang's router chooses
+   among the kept experts (``truncation`` coverage leaves them alone), and after it
+   :meth:`PrunerRuntime.rewrite` sets leftover picks and padding rows to ``-1`` and counts the call.
 
 Everything on the per-layer path is device work with static shapes: it runs eagerly, and it is
 recorded into (and replayed from) SGLang's decode CUDA graphs.  A failure in step 2 leaves the
@@ -28,8 +30,10 @@ from typing import Any
 import torch
 
 from ..config import PrunerConfig
-from ..kernels import SelectionWorkspace, apply_keep_mask, rewrite_routing, select_keep_mask
-from ..policies.apply import MASKED_LOGIT
+from ..kernels import SelectionWorkspace, prune_route, select_keep_mask
+from ..policies.apply import mask_router_inputs
+from ..policies.rewrite import rewrite_routing
+from ..policies.routing import RouterSpec
 from .settings import PluginSettings
 
 logger = logging.getLogger(__name__)
@@ -88,6 +92,7 @@ class LayerState:
     expert_to_rank: torch.Tensor | None = None
     masked_bias: torch.Tensor | None = None
     fill_dropped: bool = False  # the layer's MoE backend cannot take -1: dropped slots get weight-0 ids
+    router: RouterSpec | None = None  # the fused kernels replace this layer's router (None: masked path)
 
 
 @dataclass
@@ -96,7 +101,8 @@ class LayerCall:
 
     layer: LayerState
     num_valid: torch.Tensor | None
-    masked: bool = False
+    masked: bool = False  # masked path: SGLang routes inside masked logits, the rewrite follows
+    fused: bool = False  # fused path: the kernels routed this call; SGLang's router is skipped
     token_weights: torch.Tensor | None = None
     # SGLang maps the routed ids to physical expert slots (it was given an expert-location dispatch
     # info: EPLB, redundant experts, a non-trivial initial placement); the rewrite then reads each
@@ -112,7 +118,7 @@ class PrunerRuntime:
     device: torch.device
     layers: dict[int, LayerState]  # keyed by id(topk_config)
     num_valid_buffer: torch.Tensor  # [1] int32, owned by the plugin, refilled before graph replays
-    metrics: torch.Tensor  # [num_layers, 4] float64: see policies.rewrite.METRIC_COLUMNS
+    metrics: torch.Tensor  # [num_layers, 4] int64: see policies.rewrite.METRIC_COLUMNS
     physical_to_logical: Any = None  # callable(layer_id) -> Tensor [P] or None
     runner: Any = None  # the target ModelRunner
     reporter: Any = None  # MetricsReporter
@@ -188,18 +194,8 @@ class PrunerRuntime:
         """
         layer = call.layer
         try:
-            fault_file = self.settings.test_fault_file
-            if fault_file is not None and os.path.exists(fault_file):
-                raise RuntimeError(f"fault injected for a test ({fault_file} exists)")
-            if router_logits.dim() != 2 or router_logits.shape[1] != layer.num_experts:
-                raise ValueError(
-                    f"router logits of shape {tuple(router_logits.shape)}, expected [T, {layer.num_experts}]"
-                )
+            self._check_call(call, router_logits)
             token_weights = call.token_weights
-            if token_weights is not None and token_weights.shape[0] != router_logits.shape[0]:
-                raise ValueError(
-                    f"{token_weights.shape[0]} verify vote weights for {router_logits.shape[0]} router-logit rows"
-                )
             select_keep_mask(
                 router_logits,
                 self.scope.cfg,
@@ -218,22 +214,63 @@ class PrunerRuntime:
                 # every token keeps its natural routing; the rewrite drops the picks outside the mask
                 call.masked = True
                 return router_logits, correction_bias
-            masked_bias = None
+            bias_out = None
             if correction_bias is not None and correction_bias.dim() == 1:
                 if layer.masked_bias is None or layer.masked_bias.dtype != correction_bias.dtype:
                     layer.masked_bias = torch.empty_like(correction_bias)
-                _, masked_bias = apply_keep_mask(
-                    router_logits, layer.keep, bias=correction_bias, out=router_logits, bias_out=layer.masked_bias
-                )
-            else:
-                apply_keep_mask(router_logits, layer.keep, out=router_logits)
-                if correction_bias is not None:  # per-token bias [T, E]
-                    masked_bias = correction_bias.masked_fill(~layer.keep, MASKED_LOGIT)
+                bias_out = layer.masked_bias
+            _, masked_bias = mask_router_inputs(
+                router_logits, layer.keep, bias=correction_bias, out=router_logits, bias_out=bias_out
+            )
         except Exception as exc:  # a pruner fault must never take the server down
             self.record_fault(layer, exc)
             return router_logits, correction_bias
         call.masked = True
         return router_logits, masked_bias
+
+    def route(
+        self, call: LayerCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The fused path: keep mask, routed ids [T, k] int32 and weights [T, k] float32 of this call,
+        with the layer's metrics accumulated.  None on any error (the call then runs unpruned)."""
+        layer = call.layer
+        try:
+            self._check_call(call, router_logits)
+            ids, weights, _ = prune_route(
+                router_logits,
+                self.scope.cfg,
+                layer.router,
+                correction_bias=correction_bias,
+                tokens_per_request=self.scope.tokens_per_request,
+                num_valid_tokens=call.num_valid,
+                expert_to_rank=layer.expert_to_rank,
+                layer_id=layer.layer_id,
+                token_weights=call.token_weights,
+                fill_dropped=layer.fill_dropped,
+                keep_out=layer.keep,
+                metrics_row=self.metrics[layer.row],
+                workspace=self._workspace(router_logits),
+            )
+        except Exception as exc:  # a pruner fault must never take the server down
+            self.record_fault(layer, exc)
+            return None
+        if self.recorder is not None and self.recorder.current is not None:
+            self.recorder.record_keep(layer.row, layer.keep)
+        return ids, weights
+
+    def _check_call(self, call: LayerCall, router_logits: torch.Tensor) -> None:
+        """Raise on a test fault file, or inputs that do not match the layer."""
+        layer = call.layer
+        fault_file = self.settings.test_fault_file
+        if fault_file is not None and os.path.exists(fault_file):
+            raise RuntimeError(f"fault injected for a test ({fault_file} exists)")
+        if router_logits.dim() != 2 or router_logits.shape[1] != layer.num_experts:
+            raise ValueError(f"router logits of shape {tuple(router_logits.shape)}, expected [T, {layer.num_experts}]")
+        token_weights = call.token_weights
+        if token_weights is not None and token_weights.shape[0] != router_logits.shape[0]:
+            raise ValueError(
+                f"{token_weights.shape[0]} verify vote weights for {router_logits.shape[0]} router-logit rows"
+            )
 
     def rewrite(self, call: LayerCall, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
         """Drop leftover picks of pruned experts and padding rows (in place); count the layer call."""

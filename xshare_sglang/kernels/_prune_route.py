@@ -1,0 +1,1019 @@
+"""Triton kernels of ``prune_route``: keep mask and pruned routing of one MoE layer call (jit only).
+
+Two kernels, launched from ``prune_route.py``:
+
+1. ``select_kernel`` - grid of P programs over the tokens.  Each program reads its rows once and
+   writes per-program partials (aggregate scores, warm-up sets, per-request sets, LYNX bin counts)
+   to the workspace, then takes a ticket from an atomic counter.  The program holding the last
+   ticket reduces the partials and applies the policy's set rule, the ``max_experts`` cap and the
+   token range, writes the keep mask and (with metrics) the kept count and retained score mass,
+   and resets the counter.  With P = 1 (``SINGLE``) there is no ticket, and the same program then
+   routes every row itself: one launch for the whole layer call.
+2. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
+   the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, the
+   programs mark the experts they route to, and the last one counts them.
+
+Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
+aggregates and thresholds); kernels must be launched with ``enable_fp_fusion=False`` so no multiply
+and add are fused into one rounding.  Orders over experts use int64 keys that pack an order-
+preserving copy of a float32 value with the inverted expert index, so one max reduction finds the
+highest value with ties to the lower index.
+"""
+
+import triton
+import triton.language as tl
+
+FP32_MAX = tl.constexpr(3.4028234663852886e38)
+MIN_KEY = tl.constexpr(-(2**62))  # below every packed key
+ID_BITS = tl.constexpr(10)  # packed keys hold expert ids < 1024
+ID_MASK = tl.constexpr(1023)
+SCORE_BITS = tl.constexpr(24)
+SCORE_ONE = tl.constexpr(16777216.0)  # 2**24
+UNIT_ONE = tl.constexpr(1073741824.0)  # 2**30
+WARM_FIRST = tl.constexpr(2**62)  # cap key: warm-up experts ahead of any aggregate
+
+# exp32 constants: identical to policies.scores
+EXP_LOW = tl.constexpr(-87.0)
+EXP_HIGH = tl.constexpr(88.0)
+LOG2E = tl.constexpr(1.4426950216293335)
+LN2_HIGH = tl.constexpr(0.693359375)
+LN2_LOW = tl.constexpr(-0.00021219444170128554)
+P0 = tl.constexpr(0.00019875691214110702)
+P1 = tl.constexpr(0.001398199936375022)
+P2 = tl.constexpr(0.008333452045917511)
+P3 = tl.constexpr(0.04166579619050026)
+P4 = tl.constexpr(0.1666666567325592)
+P5 = tl.constexpr(0.5)
+
+MODE_WARM = tl.constexpr(0)  # oea
+MODE_GREEDY_WARM = tl.constexpr(1)  # xshare
+MODE_GREEDY_BASE = tl.constexpr(2)  # xshare-spec (base = union of per-request sets)
+MODE_THRESHOLD = tl.constexpr(3)  # xshare-threshold
+MODE_RANK_ROUNDS = tl.constexpr(4)  # xshare-ep
+MODE_TOP_AGG = tl.constexpr(5)  # moe-spec, router ranking
+MODE_STATIC = tl.constexpr(6)  # moe-spec, static ranking (precomputed places)
+MODE_GIVEN = tl.constexpr(7)  # moe-spec per request, lynx (base = union)
+MODE_ALL = tl.constexpr(8)  # none: every expert
+
+
+# --------------------------------------------------------------------------- numerics
+@triton.jit
+def exp32(x):
+    """policies.scores.exp32, step for step."""
+    xc = tl.minimum(tl.maximum(x, EXP_LOW), EXP_HIGH)
+    n = tl.floor(xc * LOG2E + 0.5)
+    r = (xc - n * LN2_HIGH) - n * LN2_LOW
+    poly = r * P0 + P1
+    poly = poly * r + P2
+    poly = poly * r + P3
+    poly = poly * r + P4
+    poly = poly * r + P5
+    y = (poly * (r * r) + r) + 1.0
+    ni = n.to(tl.int32)
+    half = ni >> 1
+    first = ((half + 127) << 23).to(tl.float32, bitcast=True)
+    second = ((ni - half + 127) << 23).to(tl.float32, bitcast=True)
+    y = (y * first) * second
+    return tl.where(x < EXP_LOW, 0.0, tl.where(x > EXP_HIGH, float("inf"), y))
+
+
+@triton.jit
+def sigmoid32(x):
+    """policies.scores.sigmoid32: correctly rounded float32 division."""
+    denominator = 1.0 + exp32(-x)
+    return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), denominator)
+
+
+@triton.jit
+def ordered_bits(v):
+    """An int32 whose signed order is the float32 order of ``v`` (-0.0 must be canonicalized)."""
+    bits = v.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def unordered_value(ordered):
+    """Inverse of :func:`ordered_bits`."""
+    bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pack_key(v, e, ok):
+    """int64 key: float32 ``v`` high, ``1023 - e`` low; ``MIN_KEY`` where not ``ok``."""
+    key = (ordered_bits(v).to(tl.int64) << ID_BITS) | (e.to(tl.int64) ^ ID_MASK)
+    return tl.where(ok, key, MIN_KEY)
+
+
+@triton.jit
+def key_expert(key):
+    """Expert id of a packed key."""
+    return ((key & ID_MASK) ^ ID_MASK).to(tl.int32)
+
+
+@triton.jit
+def key_value(key):
+    return unordered_value((key >> ID_BITS).to(tl.int32))
+
+
+@triton.jit
+def fixed_scores(x, member, wq, SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr, HAS_WEIGHTS: tl.constexpr):
+    """policies.scores.token_scores (times the fixed-point row weights) for a [rows, E] tile, int64."""
+    if SIGMOID:
+        s = sigmoid32(x)
+        if RENORMALIZE:
+            units = tl.where(member, tl.floor(s * UNIT_ONE).to(tl.int64), 0)
+            total = tl.sum(units, axis=1)
+            q = tl.where(total[:, None] > 0, (units << SCORE_BITS) // tl.maximum(total, 1)[:, None], 0)
+        else:
+            q = tl.where(member, tl.floor(s * SCORE_ONE).to(tl.int64), 0)
+    else:
+        masked = tl.where(member, x, float("-inf"))
+        top = tl.max(masked, axis=1)
+        top = tl.where(top > float("-inf"), top, 0.0)
+        units = tl.where(member, tl.floor(exp32(masked - top[:, None]) * UNIT_ONE).to(tl.int64), 0)
+        total = tl.sum(units, axis=1)
+        q = tl.where(total[:, None] > 0, (units << SCORE_BITS) // tl.maximum(total, 1)[:, None], 0)
+    if HAS_WEIGHTS:
+        q = (q * wq[:, None]) >> SCORE_BITS
+    return q
+
+
+@triton.jit
+def threshold_target(total, tau_q):
+    """policies.greedy.threshold_target: ceil(tau_q * total / 2**30), exact in int64."""
+    high = total >> 23
+    low = total & ((1 << 23) - 1)
+    a = high * tau_q
+    b = low * tau_q
+    rest = (a & 127) * (1 << 23) + b
+    return (a >> 7) + ((rest + (1 << 30) - 1) >> 30)
+
+
+# --------------------------------------------------------------------------- rows
+@triton.jit
+def num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR: tl.constexpr):
+    """Real-token count, clamped to [0, num_tokens]; read from the device when given as a tensor."""
+    if HAS_NV_PTR:
+        n = tl.load(n_valid_ptr).to(tl.int64)
+    else:
+        n = tl.full([], n_valid_arg, tl.int64)
+    return tl.minimum(tl.maximum(n, 0), num_tokens)
+
+
+@triton.jit
+def load_rows(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    rows,
+    rows_in_block,
+    n_valid,
+    e,
+    e_ok,
+    weights_ptr,
+    HAS_WEIGHTS: tl.constexpr,
+):
+    """A [rows, BLOCK_E] float32 tile of sanitized logits (NaN -> -inf, +inf -> max, -0 -> +0).
+
+    Rows outside the block, at/after ``n_valid`` (padding) or of vote weight 0 read as -inf.
+    Returns the tile, which rows vote, and their fixed-point weights ``floor(w * 2**24)`` (int64).
+    """
+    row_ok = rows_in_block & (rows < n_valid)
+    if HAS_WEIGHTS:
+        w = tl.load(weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        w = tl.where(w != w, 0.0, w)
+        w = tl.minimum(tl.maximum(w, 0.0), 1.0)
+        row_ok = row_ok & (w > 0)
+        wq = tl.floor(w * SCORE_ONE).to(tl.int64)
+    else:
+        wq = tl.zeros(rows.shape, tl.int64) + (1 << 24)
+    ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_t + e[None, :] * stride_e
+    x = tl.load(ptrs, mask=row_ok[:, None] & e_ok[None, :], other=float("-inf")).to(tl.float32)
+    x = tl.where(x != x, float("-inf"), x)
+    x = tl.where(x == float("inf"), FP32_MAX, x) + 0.0
+    return x, row_ok, wq
+
+
+@triton.jit
+def row_ranks(key, n_iter):
+    """Place of each expert in its row's key order for the first ``n_iter`` places (``n_iter`` for
+    the rest and for ``MIN_KEY`` entries), int32."""
+    rank = tl.zeros(key.shape, tl.int32) + n_iter
+    work = key
+    for i in range(0, n_iter):
+        best = tl.max(work, axis=1)
+        chosen = (work == best[:, None]) & (best[:, None] > MIN_KEY)
+        rank = tl.where(chosen, i, rank)
+        work = tl.where(chosen, MIN_KEY, work)
+    return rank
+
+
+@triton.jit
+def greedy_iterative(base, agg, e, e_ok, count, active, ALLOW_ZERO: tl.constexpr, BLOCK_E: tl.constexpr):
+    """G(S, agg, count) on one vector: ``count`` times, add the best outside expert with agg > 0
+    (with ``ALLOW_ZERO``: agg >= 0, the plain top-``count``).  Adds nothing unless ``active``."""
+    chosen = base
+    if ALLOW_ZERO:
+        candidate = (base == 0) & e_ok & active
+    else:
+        candidate = (base == 0) & e_ok & (agg > 0) & active
+    for _ in range(0, count):
+        best = tl.max(tl.where(candidate, agg, -1), axis=0)
+        first = tl.min(tl.where(candidate & (agg == best), e, BLOCK_E), axis=0)
+        hit = e == first
+        chosen = tl.where(hit, 1, chosen)
+        candidate = candidate & (e != first)
+    return chosen
+
+
+@triton.jit
+def lynx_depths(x, alpha, beta):
+    """LYNX bin depths ``-max(-beta, ceil((l - max) * alpha))`` in [0, beta], int32, float32 steps."""
+    top = tl.max(x, axis=1)
+    top = tl.where(top > float("-inf"), top, 0.0)
+    scaled = tl.ceil((x - top[:, None]) * alpha)
+    return -tl.maximum(scaled, 0.0 - beta).to(tl.int32)
+
+
+# --------------------------------------------------------------------------- phase A: one block of rows
+@triton.jit
+def token_block(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    n_valid,
+    first_row,
+    num_rows,
+    rows_per_request,
+    weights_ptr,
+    e,
+    e_ok,
+    k0,
+    top_k,
+    request_budget,
+    alpha,
+    beta,
+    HAS_WEIGHTS: tl.constexpr,
+    NEED_SCORES: tl.constexpr,
+    SCORE_TOPK: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    PER_REQUEST: tl.constexpr,
+    REQUEST_TOP: tl.constexpr,
+    LYNX: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_BINS: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+):
+    """Aggregates, warm-up set, per-request sets and LYNX counts of rows [first_row, first_row + num_rows).
+
+    Requests are ``rows_per_request`` consecutive rows and never straddle blocks.
+    """
+    if NEED_SCORES and SCORE_TOPK:
+        n_iter = tl.maximum(top_k, k0)
+    else:
+        n_iter = k0
+    agg_acc = tl.zeros([BLOCK_E], tl.int64)
+    warm_acc = tl.zeros([BLOCK_E], tl.int32)
+    base_acc = tl.zeros([BLOCK_E], tl.int32)
+    counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32)
+    bin_id = tl.arange(0, BLOCK_BINS)
+    for r0 in range(0, num_rows, rows_per_request):
+        agg_r = tl.zeros([BLOCK_E], tl.int64)
+        warm_r = tl.zeros([BLOCK_E], tl.int32)
+        votes_r = tl.zeros([], tl.int32)
+        for c in range(0, rows_per_request, CHUNK_T):
+            offs = r0 + c + tl.arange(0, CHUNK_T)
+            in_block = (offs < num_rows) & (offs < r0 + rows_per_request)
+            x, row_ok, wq = load_rows(
+                logits_ptr, stride_t, stride_e, first_row + offs, in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
+            )
+            votes_r += tl.sum(row_ok.to(tl.int32), axis=0)
+            if LYNX:
+                depth = lynx_depths(x, alpha, beta)
+                for j in tl.static_range(BLOCK_BINS):
+                    in_bin = tl.sum(((depth == j) & row_ok[:, None]).to(tl.int32), axis=0)
+                    counts = tl.where(bin_id[None, :] == j, counts + in_bin[:, None], counts)
+            candidate = (x > float("-inf")) & e_ok[None, :]
+            key = pack_key(x, e[None, :], candidate)
+            rank = row_ranks(key, n_iter)
+            warm_rows = (rank < k0) & row_ok[:, None]
+            warm_r = tl.maximum(warm_r, tl.max(warm_rows.to(tl.int32), axis=0))
+            if NEED_SCORES:
+                if SCORE_TOPK:
+                    member = rank < top_k
+                else:
+                    member = candidate
+                q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
+                agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
+        agg_acc += agg_r
+        warm_acc = tl.maximum(warm_acc, warm_r)
+        if PER_REQUEST:
+            chosen = greedy_iterative(warm_r, agg_r, e, e_ok, request_budget, votes_r > 0, REQUEST_TOP, BLOCK_E)
+            base_acc = tl.maximum(base_acc, chosen)
+    return agg_acc, warm_acc, base_acc, counts
+
+
+# --------------------------------------------------------------------------- phase B helpers
+@triton.jit
+def pairwise_before(
+    prim_ptr,
+    flag_ptr,
+    group_ptr,
+    mass_ptr,
+    prim_e,
+    group_e,
+    e,
+    num_experts,
+    USE_GROUP: tl.constexpr,
+    WANT_MASS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """For every expert e: how many flagged experts j (of e's group, if asked) come before it in the
+    order (prim desc, index asc), and the sum of their ``mass``.  Reads prim/flag/mass from memory."""
+    count = tl.zeros([BLOCK_E], tl.int32)
+    mass = tl.zeros([BLOCK_E], tl.int64)
+    for j0 in range(0, BLOCK_E, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        j_ok = j < num_experts
+        prim_j = tl.load(prim_ptr + j, mask=j_ok, other=0)
+        flag_j = tl.load(flag_ptr + j, mask=j_ok, other=0) != 0
+        before = (prim_j[:, None] > prim_e[None, :]) | (
+            (prim_j[:, None] == prim_e[None, :]) & (j[:, None] < e[None, :])
+        )
+        before = before & flag_j[:, None]
+        if USE_GROUP:
+            group_j = tl.load(group_ptr + j, mask=j_ok, other=-1).to(tl.int64)
+            before = before & (group_j[:, None] == group_e[None, :])
+        count += tl.sum(before.to(tl.int32), axis=0)
+        if WANT_MASS:
+            mass_j = tl.load(mass_ptr + j, mask=j_ok, other=0)
+            mass += tl.sum(tl.where(before, mass_j[:, None], 0), axis=0)
+    return count, mass
+
+
+@triton.jit
+def lynx_s_ranks(
+    counts_part_ptr,
+    num_parts,
+    base,
+    digits_ptr,
+    num_experts,
+    beta,
+    e,
+    e_ok,
+    BLOCK_E: tl.constexpr,
+    BLOCK_BINS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Exact rank of every expert by ``s[e] = sum_t n ** bin[t, e]``: equal s, equal rank; higher s,
+    higher rank.  ``s * n**beta`` is carried into base-n digits and compared digit by digit."""
+    bin_id = tl.arange(0, BLOCK_BINS)
+    counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int64)
+    for p in range(0, num_parts):
+        ptrs = counts_part_ptr + (p * num_experts + e)[:, None] * BLOCK_BINS + bin_id[None, :]
+        counts += tl.load(ptrs, mask=e_ok[:, None], other=0, cache_modifier=".cg").to(tl.int64)
+    num_digits = beta + 2
+    carry = tl.zeros([BLOCK_E], tl.int64)
+    for i in range(0, beta + 1):
+        value = tl.sum(tl.where(bin_id[None, :] == beta - i, counts, 0), axis=1) + carry
+        tl.store(digits_ptr + e * BLOCK_BINS + i, value % base, mask=e_ok)
+        carry = value // base
+    tl.store(digits_ptr + e * BLOCK_BINS + beta + 1, carry, mask=e_ok)
+    tl.debug_barrier()
+    larger = tl.zeros([BLOCK_E], tl.int32)
+    for j0 in range(0, BLOCK_E, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        j_ok = j < num_experts
+        greater = tl.zeros([CHUNK, BLOCK_E], tl.int32)
+        equal = tl.zeros([CHUNK, BLOCK_E], tl.int32) + 1
+        for k in range(0, num_digits):
+            i = num_digits - 1 - k
+            d_j = tl.load(digits_ptr + j * BLOCK_BINS + i, mask=j_ok, other=0)
+            d_e = tl.load(digits_ptr + e * BLOCK_BINS + i, mask=e_ok, other=0)
+            greater = tl.where((equal != 0) & (d_j[:, None] > d_e[None, :]), 1, greater)
+            equal = tl.where(d_j[:, None] == d_e[None, :], equal, 0)
+        larger += tl.sum(tl.where(j_ok[:, None], greater, 0), axis=0)
+    return num_experts - 1 - larger
+
+
+@triton.jit
+def lynx_picks(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    num_tokens,
+    n_valid,
+    weights_ptr,
+    s_rank,
+    e,
+    e_ok,
+    top_k,
+    alpha,
+    beta,
+    HAS_WEIGHTS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+):
+    """Union of every voting token's LYNX picks: top_k by (bin desc, s desc, logit desc, index asc)."""
+    picked_any = tl.zeros([BLOCK_E], tl.int32)
+    for c in range(0, num_tokens, CHUNK_T):
+        rows = c + tl.arange(0, CHUNK_T)
+        x, row_ok, _ = load_rows(
+            logits_ptr, stride_t, stride_e, rows, rows < num_tokens, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
+        )
+        depth = lynx_depths(x, alpha, beta)
+        open_ = (x > float("-inf")) & row_ok[:, None] & e_ok[None, :]
+        # (bin desc, s desc) as one integer, then (logit desc, index asc) as a packed key
+        coarse = (beta - depth).to(tl.int64) * BLOCK_E + s_rank[None, :].to(tl.int64)
+        fine = pack_key(x, e[None, :], open_)
+        picked = tl.zeros(x.shape, tl.int32)
+        for _ in range(0, top_k):
+            best_coarse = tl.max(tl.where(open_, coarse, -1), axis=1)
+            tie = open_ & (coarse == best_coarse[:, None])
+            best_fine = tl.max(tl.where(tie, fine, MIN_KEY), axis=1)
+            chosen = tie & (fine == best_fine[:, None])
+            picked = tl.where(chosen, 1, picked)
+            open_ = open_ & (~chosen)
+        picked_any = tl.maximum(picked_any, tl.max(picked, axis=0))
+    return picked_any
+
+
+# --------------------------------------------------------------------------- phase C: routing
+@triton.jit
+def route_block(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    rows,
+    rows_in_block,
+    n_valid,
+    weights_ptr,
+    bias_ptr,
+    keep,
+    e,
+    e_ok,
+    ids_ptr,
+    ids_stride,
+    out_w_ptr,
+    out_w_stride,
+    top_k,
+    topk_group,
+    group_size,
+    num_groups,
+    scale,
+    HAS_WEIGHTS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    TRUNCATION: tl.constexpr,
+    GROUPED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    FILL: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to."""
+    x, _, _ = load_rows(logits_ptr, stride_t, stride_e, rows, rows_in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS)
+    finite = (x > float("-inf")) & e_ok[None, :]
+    if TRUNCATION:
+        candidates = finite
+    else:
+        candidates = finite & keep[None, :]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + e, mask=e_ok, other=0.0).to(tl.float32)
+        bias = tl.where(bias != bias, 0.0, bias)
+        bias = tl.minimum(tl.maximum(bias, -3.4028234663852886e38), FP32_MAX)
+        value = sigmoid32(x) + bias[None, :]
+    else:
+        value = x
+    key = pack_key(value, e[None, :], candidates)
+    if GROUPED:
+        # rank the groups that hold a candidate; keep the best topk_group of them
+        group_of = e // group_size
+        g_col = tl.arange(0, BLOCK_G)
+        group_key = tl.zeros([x.shape[0], BLOCK_G], tl.int64) + MIN_KEY
+        for g in range(0, num_groups):
+            in_group = (group_of == g)[None, :] & candidates
+            k1 = tl.max(tl.where(in_group, key, MIN_KEY), axis=1)
+            count = tl.sum(in_group.to(tl.int32), axis=1)
+            if HAS_BIAS:
+                k2 = tl.max(tl.where(in_group & (key != k1[:, None]), key, MIN_KEY), axis=1)
+                score = tl.where(count >= 2, key_value(k1) + key_value(k2), key_value(k1))
+                primary = tl.minimum(count, 2)
+            else:
+                score = key_value(k1)
+                primary = tl.minimum(count, 1)
+            packed = (
+                (primary.to(tl.int64) << 42)
+                | ((ordered_bits(score + 0.0).to(tl.int64) + (1 << 31)) << ID_BITS)
+                | (1023 - g)
+            )
+            packed = tl.where(count > 0, packed, MIN_KEY)
+            group_key = tl.where(g_col[None, :] == g, packed[:, None], group_key)
+        chosen_groups = tl.zeros([x.shape[0], BLOCK_G], tl.int32)
+        for _ in range(0, topk_group):
+            best = tl.max(group_key, axis=1)
+            hit = (group_key == best[:, None]) & (best[:, None] > MIN_KEY)
+            chosen_groups = tl.where(hit, 1, chosen_groups)
+            group_key = tl.where(hit, MIN_KEY, group_key)
+        in_chosen = tl.zeros(x.shape, tl.int32)
+        for g in range(0, BLOCK_G):
+            flag = tl.sum(tl.where(g_col[None, :] == g, chosen_groups, 0), axis=1)
+            in_chosen = tl.where((group_of == g)[None, :] & (flag[:, None] != 0), 1, in_chosen)
+        key = tl.where(in_chosen != 0, key, MIN_KEY)
+    # raw weights: softmax terms over the candidates, or sigmoids
+    if SIGMOID:
+        raw = 1.0 / (1.0 + tl.exp(-x))
+        denominator = tl.zeros([x.shape[0]], tl.float32) + 1.0
+    else:
+        top = tl.max(tl.where(candidates, x, float("-inf")), axis=1)
+        top = tl.where(top > float("-inf"), top, 0.0)
+        raw = tl.where(candidates, tl.exp(x - top[:, None]), 0.0)
+        denominator = tl.sum(raw, axis=1)
+    slot = tl.arange(0, BLOCK_K)
+    ids = tl.zeros([x.shape[0], BLOCK_K], tl.int32) - 1
+    wts = tl.zeros([x.shape[0], BLOCK_K], tl.float32)
+    picked = tl.zeros(x.shape, tl.int32)
+    for i in range(0, top_k):
+        best = tl.max(key, axis=1)
+        chosen = (key == best[:, None]) & (best[:, None] > MIN_KEY)
+        got = best > MIN_KEY
+        w_i = tl.sum(tl.where(chosen, raw, 0.0), axis=1)
+        if TRUNCATION:
+            kept_pick = tl.sum(tl.where(chosen & keep[None, :], 1, 0), axis=1) != 0
+        else:
+            kept_pick = got
+        ids = tl.where((slot[None, :] == i) & kept_pick[:, None], key_expert(best)[:, None], ids)
+        wts = tl.where((slot[None, :] == i) & got[:, None], w_i[:, None], wts)
+        picked = tl.where(chosen & (kept_pick[:, None]), 1, picked)
+        key = tl.where(chosen, MIN_KEY, key)
+    if RENORMALIZE:
+        denominator = tl.sum(wts, axis=1)
+    wts = tl.where(denominator[:, None] > 0, wts / tl.where(denominator > 0, denominator, 1.0)[:, None], 0.0)
+    if HAS_SCALE:
+        wts = wts * scale
+    wts = tl.where(ids >= 0, wts, 0.0)
+    slot_ok = slot < top_k
+    if FILL:
+        # the j-th dropped slot of a row takes the row's j-th free expert: kept ones first, then pruned
+        drop = (ids < 0) & slot_ok[None, :]
+        free = (picked == 0) & e_ok[None, :]
+        kept_free = free & keep[None, :]
+        pruned_free = free & (~keep[None, :])
+        num_kept_free = tl.sum(kept_free.to(tl.int32), axis=1)
+        place = tl.where(
+            keep[None, :],
+            tl.cumsum(kept_free.to(tl.int32), axis=1),
+            num_kept_free[:, None] + tl.cumsum(pruned_free.to(tl.int32), axis=1),
+        )
+        wanted = tl.cumsum(drop.to(tl.int32), axis=1)
+        match = (place[:, None, :] == wanted[:, :, None]) & free[:, None, :] & drop[:, :, None]
+        filler = tl.sum(tl.where(match, e[None, None, :], 0), axis=2)
+        ids = tl.where(drop, filler, ids)
+        picked = tl.maximum(picked, tl.max(match.to(tl.int32), axis=1))
+    out_ok = rows_in_block[:, None] & slot_ok[None, :]
+    row64 = rows.to(tl.int64)[:, None]
+    tl.store(ids_ptr + row64 * ids_stride + slot[None, :], ids, mask=out_ok)
+    tl.store(out_w_ptr + row64 * out_w_stride + slot[None, :], wts, mask=out_ok)
+    return tl.max(tl.where(rows_in_block[:, None], picked, 0), axis=0)
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def select_kernel(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    num_tokens,
+    num_experts,
+    n_valid_ptr,
+    n_valid_arg,
+    weights_ptr,
+    rows_per_program,
+    rows_per_request,
+    # policy
+    k0,
+    top_k,
+    request_budget,
+    count,
+    tau_q,
+    rank_budget,
+    cap,
+    min_tokens,
+    max_tokens,
+    alpha,
+    beta,
+    static_ptr,
+    group_ptr,
+    # workspace
+    agg_part_ptr,
+    warm_part_ptr,
+    base_part_ptr,
+    counts_part_ptr,
+    digits_ptr,
+    prim_ptr,
+    flag_ptr,
+    mass_ptr,
+    ticket_ptr,
+    # outputs
+    keep_ptr,
+    metrics_ptr,
+    stats_ptr,
+    # routing (SINGLE and ROUTE only)
+    bias_ptr,
+    ids_ptr,
+    ids_stride,
+    out_w_ptr,
+    out_w_stride,
+    route_top_k,
+    topk_group,
+    group_size,
+    num_groups,
+    scale,
+    HAS_NV_PTR: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    MODE: tl.constexpr,
+    NEED_SCORES: tl.constexpr,
+    SCORE_TOPK: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    PER_REQUEST: tl.constexpr,
+    REQUEST_TOP: tl.constexpr,
+    LYNX: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    HAS_RANGE: tl.constexpr,
+    HAS_METRICS: tl.constexpr,
+    HAS_STATS: tl.constexpr,
+    SINGLE: tl.constexpr,
+    ROUTE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    TRUNCATION: tl.constexpr,
+    GROUPED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    FILL: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_BINS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    ROUTE_T: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_parts = tl.num_programs(0)
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < num_experts
+    n_valid = num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR)
+
+    agg = tl.zeros([BLOCK_E], tl.int64)
+    warm = tl.zeros([BLOCK_E], tl.int32)
+    base = tl.zeros([BLOCK_E], tl.int32)
+    counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32)
+    # phase A: this program's rows
+    first_row = pid * rows_per_program
+    num_rows = tl.minimum(rows_per_program, tl.maximum(num_tokens - first_row, 0))
+    if MODE != MODE_ALL and MODE != MODE_STATIC:
+        agg, warm, base, counts = token_block(
+            logits_ptr,
+            stride_t,
+            stride_e,
+            n_valid,
+            first_row,
+            num_rows,
+            rows_per_request,
+            weights_ptr,
+            e,
+            e_ok,
+            k0,
+            top_k,
+            request_budget,
+            alpha,
+            beta,
+            HAS_WEIGHTS,
+            NEED_SCORES,
+            SCORE_TOPK,
+            SIGMOID,
+            PER_REQUEST,
+            REQUEST_TOP,
+            LYNX,
+            BLOCK_E,
+            BLOCK_BINS,
+            CHUNK_T,
+        )
+    elif NEED_SCORES:
+        agg, warm, base, counts = token_block(
+            logits_ptr,
+            stride_t,
+            stride_e,
+            n_valid,
+            first_row,
+            num_rows,
+            rows_per_request,
+            weights_ptr,
+            e,
+            e_ok,
+            0,
+            top_k,
+            0,
+            alpha,
+            beta,
+            HAS_WEIGHTS,
+            NEED_SCORES,
+            SCORE_TOPK,
+            SIGMOID,
+            False,
+            False,
+            False,
+            BLOCK_E,
+            BLOCK_BINS,
+            CHUNK_T,
+        )
+    out = pid * num_experts + e
+    if not SINGLE:
+        if MODE != MODE_ALL and MODE != MODE_STATIC:
+            tl.store(warm_part_ptr + out, warm.to(tl.int8), mask=e_ok)
+        if NEED_SCORES:
+            tl.store(agg_part_ptr + out, agg, mask=e_ok)
+        if PER_REQUEST:
+            tl.store(base_part_ptr + out, base.to(tl.int8), mask=e_ok)
+    if LYNX:
+        bin_id = tl.arange(0, BLOCK_BINS)
+        tl.store(counts_part_ptr + out[:, None] * BLOCK_BINS + bin_id[None, :], counts, mask=e_ok[:, None])
+
+    if SINGLE:
+        last = True
+    else:
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+        last = ticket == num_parts - 1
+    if last:
+        if not SINGLE:
+            tl.store(ticket_ptr, 0)
+            agg = tl.zeros([BLOCK_E], tl.int64)
+            warm = tl.zeros([BLOCK_E], tl.int32)
+            base = tl.zeros([BLOCK_E], tl.int32)
+            for p in range(0, num_parts):
+                offs = p * num_experts + e
+                if MODE != MODE_ALL and MODE != MODE_STATIC:
+                    warm = tl.maximum(
+                        warm, tl.load(warm_part_ptr + offs, mask=e_ok, other=0, cache_modifier=".cg").to(tl.int32)
+                    )
+                if NEED_SCORES:
+                    agg += tl.load(agg_part_ptr + offs, mask=e_ok, other=0, cache_modifier=".cg")
+                if PER_REQUEST:
+                    base = tl.maximum(
+                        base, tl.load(base_part_ptr + offs, mask=e_ok, other=0, cache_modifier=".cg").to(tl.int32)
+                    )
+        if LYNX:
+            tl.debug_barrier()
+            s_rank = lynx_s_ranks(
+                counts_part_ptr,
+                num_parts,
+                tl.maximum(n_valid, 1),
+                digits_ptr,
+                num_experts,
+                beta,
+                e,
+                e_ok,
+                BLOCK_E,
+                BLOCK_BINS,
+                CHUNK,
+            )
+            base = lynx_picks(
+                logits_ptr,
+                stride_t,
+                stride_e,
+                num_tokens,
+                n_valid,
+                weights_ptr,
+                s_rank,
+                e,
+                e_ok,
+                top_k,
+                alpha,
+                beta,
+                HAS_WEIGHTS,
+                BLOCK_E,
+                CHUNK_T,
+            )
+        warm_b = warm != 0
+
+        # phase B: the set rule
+        if MODE == MODE_ALL:
+            keep = e_ok
+        elif MODE == MODE_WARM:
+            keep = warm_b
+        elif MODE == MODE_GIVEN:
+            keep = base != 0
+        elif MODE == MODE_STATIC:
+            place = tl.load(static_ptr + e, mask=e_ok, other=2147483647)
+            keep = e_ok & (place < count) & (n_valid > 0)
+        elif MODE == MODE_TOP_AGG:
+            tl.store(prim_ptr + e, agg, mask=e_ok)
+            tl.store(flag_ptr + e, e_ok.to(tl.int8), mask=e_ok)
+            tl.debug_barrier()
+            place, _ = pairwise_before(
+                prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, e, e, num_experts, False, False, BLOCK_E, CHUNK
+            )
+            keep = e_ok & (place < count) & (n_valid > 0)
+        else:
+            if MODE == MODE_GREEDY_BASE:
+                start = base != 0
+            else:
+                start = warm_b
+            candidate = e_ok & (~start) & (agg > 0)
+            tl.store(prim_ptr + e, agg, mask=e_ok)
+            tl.store(flag_ptr + e, candidate.to(tl.int8), mask=e_ok)
+            tl.store(mass_ptr + e, agg, mask=e_ok)
+            tl.debug_barrier()
+            if MODE == MODE_RANK_ROUNDS:
+                group_e = tl.load(group_ptr + e, mask=e_ok, other=-1).to(tl.int64)
+                place, _ = pairwise_before(
+                    prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, group_e, e, num_experts, True, False, BLOCK_E, CHUNK
+                )
+                target = rank_budget * (tl.max(tl.where(e_ok, group_e, -1), axis=0) + 1)
+                kept = tl.sum(start.to(tl.int64), axis=0)
+                # fewest rounds R in [0, E] with |start| + #{candidates placed < R} >= target; monotone: bisect
+                lo = tl.full([], 0, tl.int64)
+                hi = tl.full([], 0, tl.int64) + num_experts
+                for _ in range(0, SEARCH_STEPS):
+                    mid = (lo + hi) // 2
+                    added = tl.sum((candidate & (place < mid)).to(tl.int64), axis=0)
+                    enough = (kept + added >= target) | (mid >= num_experts)
+                    moving = lo < hi
+                    hi = tl.where(moving & enough, mid, hi)
+                    lo = tl.where(moving & (~enough), mid + 1, lo)
+                keep = start | (candidate & (place < lo))
+            elif MODE == MODE_THRESHOLD:
+                place, before = pairwise_before(
+                    prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, e, e, num_experts, False, True, BLOCK_E, CHUNK
+                )
+                kept_mass = tl.sum(tl.where(start, agg, 0), axis=0)
+                needed = threshold_target(tl.sum(agg, axis=0), tau_q)
+                keep = start | (candidate & (kept_mass + before < needed))
+            else:
+                place, _ = pairwise_before(
+                    prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, e, e, num_experts, False, False, BLOCK_E, CHUNK
+                )
+                keep = start | (candidate & (place < count))
+        if HAS_CAP:
+            tl.debug_barrier()
+            cap_key = warm_b.to(tl.int64) * WARM_FIRST + agg
+            tl.store(prim_ptr + e, cap_key, mask=e_ok)
+            tl.store(flag_ptr + e, keep.to(tl.int8), mask=e_ok)
+            tl.debug_barrier()
+            place, _ = pairwise_before(
+                prim_ptr, flag_ptr, group_ptr, mass_ptr, cap_key, e, e, num_experts, False, False, BLOCK_E, CHUNK
+            )
+            keep = keep & (place < cap)
+        if HAS_RANGE:
+            in_range = (n_valid >= min_tokens) & (n_valid <= max_tokens)
+            keep = tl.where(in_range, keep, e_ok)
+        keep = keep & e_ok
+        tl.store(keep_ptr + e, keep, mask=e_ok)
+        if HAS_STATS:
+            tl.store(stats_ptr, tl.sum(tl.where(keep, agg, 0), axis=0))
+            tl.store(stats_ptr + 1, tl.sum(agg, axis=0))
+        if HAS_METRICS:
+            total = tl.sum(agg, axis=0)
+            kept_total = tl.sum(tl.where(keep, agg, 0), axis=0)
+            ratio = kept_total.to(tl.float32) / tl.where(total > 0, total, 1).to(tl.float32)
+            retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
+            tl.store(metrics_ptr + 1, tl.load(metrics_ptr + 1) + tl.sum(keep.to(tl.int64), axis=0))
+            tl.store(metrics_ptr + 2, tl.load(metrics_ptr + 2) + retained)
+            tl.store(metrics_ptr + 3, tl.load(metrics_ptr + 3) + 1)
+
+        # phase C in the same program (P = 1)
+        if SINGLE and ROUTE:
+            used = tl.zeros([BLOCK_E], tl.int32)
+            for c in range(0, num_tokens, ROUTE_T):
+                rows = c + tl.arange(0, ROUTE_T)
+                block_used = route_block(
+                    logits_ptr,
+                    stride_t,
+                    stride_e,
+                    rows,
+                    rows < num_tokens,
+                    n_valid,
+                    weights_ptr,
+                    bias_ptr,
+                    keep,
+                    e,
+                    e_ok,
+                    ids_ptr,
+                    ids_stride,
+                    out_w_ptr,
+                    out_w_stride,
+                    route_top_k,
+                    topk_group,
+                    group_size,
+                    num_groups,
+                    scale,
+                    HAS_WEIGHTS,
+                    HAS_BIAS,
+                    SIGMOID,
+                    RENORMALIZE,
+                    TRUNCATION,
+                    GROUPED,
+                    HAS_SCALE,
+                    FILL,
+                    BLOCK_E,
+                    BLOCK_K,
+                    BLOCK_G,
+                )
+                used = tl.maximum(used, block_used)
+            if HAS_METRICS:
+                tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum(used.to(tl.int64), axis=0))
+
+
+@triton.jit
+def route_kernel(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    num_tokens,
+    num_experts,
+    n_valid_ptr,
+    n_valid_arg,
+    weights_ptr,
+    bias_ptr,
+    keep_ptr,
+    ids_ptr,
+    ids_stride,
+    out_w_ptr,
+    out_w_stride,
+    top_k,
+    topk_group,
+    group_size,
+    num_groups,
+    scale,
+    used_ptr,
+    ticket_ptr,
+    metrics_ptr,
+    HAS_NV_PTR: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    TRUNCATION: tl.constexpr,
+    GROUPED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    FILL: tl.constexpr,
+    HAS_METRICS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < num_experts
+    n_valid = num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR)
+    keep = (tl.load(keep_ptr + e, mask=e_ok, other=0) != 0) & e_ok
+    rows = pid * CHUNK_T + tl.arange(0, CHUNK_T)
+    used = route_block(
+        logits_ptr,
+        stride_t,
+        stride_e,
+        rows,
+        rows < num_tokens,
+        n_valid,
+        weights_ptr,
+        bias_ptr,
+        keep,
+        e,
+        e_ok,
+        ids_ptr,
+        ids_stride,
+        out_w_ptr,
+        out_w_stride,
+        top_k,
+        topk_group,
+        group_size,
+        num_groups,
+        scale,
+        HAS_WEIGHTS,
+        HAS_BIAS,
+        SIGMOID,
+        RENORMALIZE,
+        TRUNCATION,
+        GROUPED,
+        HAS_SCALE,
+        FILL,
+        BLOCK_E,
+        BLOCK_K,
+        BLOCK_G,
+    )
+    if HAS_METRICS:
+        tl.atomic_max(used_ptr + e, used, mask=e_ok & (used != 0))
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+        if ticket == tl.num_programs(0) - 1:
+            tl.store(ticket_ptr, 0)
+            marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
+            tl.store(used_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
+            tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum((marks != 0).to(tl.int64), axis=0))

@@ -1,0 +1,576 @@
+"""Graph-safe launch wrappers of the fused selection kernels.
+
+* :func:`prune_route` - keep mask and pruned routing of one MoE layer call (ids and weights in
+  SGLang's ``TopKOutput`` layout), in place of SGLang's own top-k: one launch when the call fits
+  one program (small batches), two otherwise (the selection, then the routing);
+* :func:`select_keep_mask` - the keep mask alone, in one launch.
+
+Same inputs and meaning as the torch references :func:`xshare_sglang.policies.prune_route.prune_route`
+and :func:`xshare_sglang.select_experts_mask`, plus preallocated outputs and a workspace, so that a
+call inside a CUDA graph allocates nothing and never talks to the host.  Launch shapes depend only on
+the input shapes and the config, which capture fixes; the real-token count may be a device tensor
+the caller refills before each replay.
+
+Where the kernels do not cover a case (CPU tensors without ``TRITON_INTERPRET=1``, E > 512,
+top_k > 16, more than 32 expert groups, D > 64, LYNX with beta > 14, more than 2**22 tokens, another
+dtype) the call goes to the torch reference and a warning says so once per reason.  The answer is
+the same either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..config import PrunerConfig
+from ..policies.api import select_experts_mask, select_with_aggregate, validate_selection_args
+from ..policies.greedy import tau_fixed_point
+from ..policies.moe_spec import static_positions
+from ..policies.prune_route import PrunedRouting, check_outputs
+from ..policies.prune_route import prune_route as prune_route_reference
+from ..policies.routing import RouterSpec
+from ..policies.scores import float32_value
+
+logger = logging.getLogger(__name__)
+
+MAX_EXPERTS = 512
+MAX_TOP_K = 16
+MAX_GROUPS = 32
+MAX_TOKENS_PER_REQUEST = 64
+MAX_LYNX_BETA = 14
+MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most)
+MAX_PARTS = 64  # programs of the selection: bounds the last program's reduction
+BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
+#: Calls with at most this many rows run as one program: selection and routing in one launch.
+SINGLE_PROGRAM_TOKENS = 32
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+_MODES = {
+    "none": "MODE_ALL",
+    "oea": "MODE_WARM",
+    "xshare": "MODE_GREEDY_WARM",
+    "xshare-spec": "MODE_GREEDY_BASE",
+    "xshare-threshold": "MODE_THRESHOLD",
+    "xshare-ep": "MODE_RANK_ROUNDS",
+    "lynx": "MODE_GIVEN",
+}
+_reported: set[str] = set()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _per_request(cfg: PrunerConfig) -> bool:
+    """Whether the selection builds per-request sets (xshare-spec, moe-spec with scope=request)."""
+    return cfg.policy == "xshare-spec" or (cfg.policy == "moe-spec" and cfg.scope == "request")
+
+
+def unsupported_reason(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    *,
+    top_k: int,
+    tokens_per_request: int,
+    router: RouterSpec | None = None,
+) -> str | None:
+    """Why the kernels cannot serve this call, or None when they can."""
+    if not (logits.is_cuda or (_interpreting() and logits.device.type == "cpu")):
+        return f"logits on {logits.device.type} (the kernels need CUDA, or TRITON_INTERPRET=1 on CPU)"
+    if logits.dtype not in SUPPORTED_DTYPES:
+        return f"logits dtype {logits.dtype} (supported: float32, bfloat16, float16)"
+    num_tokens, num_experts = logits.shape
+    if num_experts > MAX_EXPERTS:
+        return f"E={num_experts} experts (the kernels support up to {MAX_EXPERTS})"
+    if top_k > MAX_TOP_K:
+        return f"top_k={top_k} (the kernels support up to {MAX_TOP_K})"
+    if num_tokens > MAX_TOKENS:
+        return f"T={num_tokens} tokens (the kernels support up to {MAX_TOKENS})"
+    if _per_request(cfg) and tokens_per_request > MAX_TOKENS_PER_REQUEST:
+        return f"tokens_per_request={tokens_per_request} (the kernels support up to {MAX_TOKENS_PER_REQUEST})"
+    if cfg.policy == "lynx" and cfg.beta > MAX_LYNX_BETA:
+        return f"lynx beta={cfg.beta} (the kernels support up to {MAX_LYNX_BETA})"
+    if router is not None and router.num_expert_group > MAX_GROUPS:
+        return f"{router.num_expert_group} expert groups (the kernels support up to {MAX_GROUPS})"
+    return None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one call is split over programs: static for a given (T, D, E, policy)."""
+
+    num_parts: int  # programs of the selection kernel; 1 = everything in one program
+    rows_per_program: int
+    rows_per_request: int  # rows of one request (= rows_per_program outside per-request policies)
+    chunk_rows: int  # rows loaded per tile
+    block_experts: int
+    route_rows: int  # rows one routing tile covers
+    route_programs: int  # programs of the routing kernel (0 when the selection program routes)
+
+    @property
+    def single(self) -> bool:
+        return self.num_parts == 1
+
+
+def plan_launch(
+    num_tokens: int,
+    num_experts: int,
+    tokens_per_request: int,
+    per_request: bool,
+    *,
+    single_program_tokens: int = SINGLE_PROGRAM_TOKENS,
+) -> LaunchPlan:
+    """Split T tokens over at most :data:`MAX_PARTS` programs; requests never straddle programs."""
+    block_experts = max(16, _next_pow2(num_experts))
+    tile_rows = max(1, min(16, 2048 // block_experts))  # keep a tile near 2048 elements
+    rows = max(num_tokens, 1)
+    if per_request:
+        chunk = min(tile_rows, _next_pow2(tokens_per_request))
+        num_requests = max(1, -(-num_tokens // tokens_per_request))
+        requests_per_program = -(-num_requests // MAX_PARTS)
+        if num_tokens <= single_program_tokens:
+            requests_per_program = num_requests
+        num_parts = -(-num_requests // requests_per_program)
+        rows_per_program = requests_per_program * tokens_per_request
+        rows_per_request = tokens_per_request
+    else:
+        chunk = tile_rows
+        if num_tokens <= single_program_tokens:
+            rows_per_program = -(-rows // tile_rows) * tile_rows
+        else:
+            rows_per_program = max(tile_rows, -(-rows // MAX_PARTS))
+            rows_per_program = -(-rows_per_program // tile_rows) * tile_rows
+        num_parts = max(1, -(-num_tokens // rows_per_program))
+        rows_per_request = rows_per_program
+    route_programs = 0 if num_parts == 1 else -(-num_tokens // tile_rows)
+    return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile_rows, route_programs)
+
+
+class SelectionWorkspace:
+    """Scratch memory of the fused kernels for one device and expert count.
+
+    Allocate it before CUDA-graph capture and pass it to every call (one workspace may serve every
+    layer: calls on one stream run one after the other, and each call leaves its counters at 0).
+    About ``64 * E * 90`` bytes.
+
+    Parameters
+    ----------
+    num_experts : int
+    device : torch.device or str
+    """
+
+    def __init__(self, num_experts: int, device: torch.device | str) -> None:
+        self.num_experts = num_experts
+        self.device = torch.device(device)
+        kw = dict(device=self.device)
+        self.agg_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int64, **kw)
+        self.warm_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int8, **kw)
+        self.base_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int8, **kw)
+        self.lynx_counts = torch.zeros(MAX_PARTS, num_experts, BLOCK_BINS, dtype=torch.int32, **kw)
+        self.lynx_digits = torch.zeros(num_experts, BLOCK_BINS, dtype=torch.int64, **kw)
+        self.prim = torch.zeros(num_experts, dtype=torch.int64, **kw)
+        self.flag = torch.zeros(num_experts, dtype=torch.int8, **kw)
+        self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
+        self.used = torch.zeros(num_experts, dtype=torch.int32, **kw)
+        self.tickets = torch.zeros(2, dtype=torch.int32, **kw)  # selection, routing
+
+
+_workspaces: dict[tuple[str, int], SelectionWorkspace] = {}
+
+
+def default_workspace(num_experts: int, device: torch.device) -> SelectionWorkspace:
+    """A workspace shared by calls that pass none; created once per (device, E) and never freed, so a
+    CUDA graph captured with it stays valid."""
+    key = (str(device), num_experts)
+    if key not in _workspaces:
+        _workspaces[key] = SelectionWorkspace(num_experts, device)
+    return _workspaces[key]
+
+
+def _report(reason: str) -> None:
+    if reason not in _reported:
+        _reported.add(reason)
+        logger.warning("moe-pruner selection uses the torch reference: %s", reason)
+
+
+def _policy_args(cfg: PrunerConfig, layer_id: int | None, device: torch.device, num_experts: int) -> dict:
+    """The policy's part of the selection kernel's arguments."""
+    policy = cfg.policy
+    static = policy == "moe-spec" and cfg.ranking == "static"
+    request_top = policy == "moe-spec" and cfg.scope == "request"
+    if request_top:
+        mode, count = "MODE_GIVEN", 0
+    elif policy == "moe-spec":
+        mode, count = ("MODE_STATIC" if static else "MODE_TOP_AGG"), cfg.max_experts
+    else:
+        mode, count = _MODES[policy], (cfg.budget if policy != "none" else 0)
+    return dict(
+        mode=mode,
+        count=min(count, num_experts + 1),
+        k0=cfg.k0 if policy not in ("moe-spec", "lynx", "none") else 0,
+        request_budget=min(cfg.max_experts if request_top else cfg.request_budget, num_experts),
+        static=static_positions(cfg, layer_id, device) if static else None,
+        has_cap=cfg.max_experts is not None and policy not in ("moe-spec", "none"),
+        # aggregates are needed by every rule but oea, static moe-spec, lynx and none
+        rule_scores=policy not in ("oea", "lynx", "none") and not static,
+        request_top=request_top,
+    )
+
+
+def _launch(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    router: RouterSpec,
+    *,
+    route: bool,
+    correction_bias,
+    tokens_per_request,
+    num_valid_tokens,
+    expert_to_rank,
+    layer_id,
+    token_weights,
+    fill_dropped,
+    keep,
+    ids,
+    weights,
+    metrics_row,
+    stats_out,
+    workspace,
+) -> None:
+    from . import _prune_route as jit  # imports triton
+
+    num_tokens, num_experts = logits.shape
+    ws = workspace if workspace is not None else default_workspace(num_experts, logits.device)
+    if ws.num_experts != num_experts or ws.device != logits.device:
+        raise ValueError(
+            f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {logits.device}"
+        )
+    policy = _policy_args(cfg, layer_id, logits.device, num_experts)
+    per_request = _per_request(cfg)
+    plan = plan_launch(num_tokens, num_experts, tokens_per_request, per_request)
+    nv_tensor = isinstance(num_valid_tokens, torch.Tensor)
+    nv_ptr = num_valid_tokens if nv_tensor else ws.tickets
+    nv_arg = num_tokens if (num_valid_tokens is None or nv_tensor) else int(num_valid_tokens)
+    has_weights = token_weights is not None
+    weights_in = token_weights.contiguous() if has_weights else ws.prim
+    has_metrics = metrics_row is not None
+    has_stats = stats_out is not None
+    need_scores = policy["rule_scores"] or policy["has_cap"] or has_metrics or has_stats
+    if cfg.policy == "none":
+        need_scores = False  # every expert kept: the retained mass is whole, the aggregate unused
+    num_groups = router.num_expert_group
+    has_bias = correction_bias is not None
+    block_e = plan.block_experts
+    common = dict(
+        HAS_NV_PTR=nv_tensor,
+        HAS_WEIGHTS=has_weights,
+        HAS_BIAS=has_bias,
+        SIGMOID=router.scoring == "sigmoid",
+        RENORMALIZE=router.renormalize,
+        TRUNCATION=cfg.coverage == "truncation",
+        GROUPED=num_groups > 1,
+        HAS_SCALE=router.routed_scaling_factor is not None,
+        FILL=fill_dropped,
+        BLOCK_E=block_e,
+        BLOCK_K=max(2, _next_pow2(router.top_k)),
+        BLOCK_G=max(2, _next_pow2(num_groups)),
+        num_warps=8 if block_e >= 256 else 4,
+        enable_fp_fusion=False,
+    )
+    scale = float32_value(router.routed_scaling_factor) if router.routed_scaling_factor is not None else 1.0
+    route_args = dict(
+        top_k=router.top_k,
+        topk_group=router.topk_group,
+        group_size=num_experts // num_groups,
+        num_groups=num_groups,
+        scale=scale,
+    )
+    bias = correction_bias if has_bias else ws.prim
+    ids_out = ids if route else ws.used
+    weights_out = weights if route else ws.prim
+    metrics = metrics_row if has_metrics else ws.mass
+    jit.select_kernel[(plan.num_parts,)](
+        logits,
+        logits.stride(0),
+        logits.stride(1),
+        num_tokens,
+        num_experts,
+        nv_ptr,
+        nv_arg,
+        weights_in,
+        plan.rows_per_program,
+        plan.rows_per_request,
+        policy["k0"],
+        router.top_k,
+        policy["request_budget"],
+        policy["count"],
+        tau_fixed_point(cfg.tau),
+        cfg.rank_budget,
+        cfg.max_experts if policy["has_cap"] else 0,
+        cfg.min_tokens if cfg.min_tokens is not None else 0,
+        cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS,
+        float32_value(cfg.alpha),
+        cfg.beta,
+        policy["static"] if policy["static"] is not None else ws.used,
+        expert_to_rank if expert_to_rank is not None else ws.flag,
+        ws.agg_part,
+        ws.warm_part,
+        ws.base_part,
+        ws.lynx_counts,
+        ws.lynx_digits,
+        ws.prim,
+        ws.flag,
+        ws.mass,
+        ws.tickets,
+        keep,
+        metrics,
+        stats_out if has_stats else ws.mass,
+        bias,
+        ids_out,
+        ids_out.stride(0) if route else 0,
+        weights_out,
+        weights_out.stride(0) if route else 0,
+        route_args["top_k"],
+        route_args["topk_group"],
+        route_args["group_size"],
+        route_args["num_groups"],
+        route_args["scale"],
+        MODE=getattr(jit, policy["mode"]).value,
+        NEED_SCORES=need_scores,
+        SCORE_TOPK=cfg.effective_score == "topk",
+        PER_REQUEST=per_request,
+        REQUEST_TOP=policy["request_top"],
+        LYNX=cfg.policy == "lynx",
+        HAS_CAP=policy["has_cap"],
+        HAS_RANGE=cfg.policy != "none" and (cfg.min_tokens is not None or cfg.max_tokens is not None),
+        HAS_METRICS=has_metrics and route,
+        HAS_STATS=has_stats,
+        SINGLE=plan.single,
+        ROUTE=route,
+        BLOCK_BINS=BLOCK_BINS,
+        CHUNK=max(1, min(32, 4096 // block_e)),
+        SEARCH_STEPS=block_e.bit_length() + 1,
+        CHUNK_T=plan.chunk_rows,
+        ROUTE_T=plan.route_rows,
+        **common,
+    )
+    if route and not plan.single:
+        jit.route_kernel[(plan.route_programs,)](
+            logits,
+            logits.stride(0),
+            logits.stride(1),
+            num_tokens,
+            num_experts,
+            nv_ptr,
+            nv_arg,
+            weights_in,
+            bias,
+            keep,
+            ids,
+            ids.stride(0),
+            weights,
+            weights.stride(0),
+            route_args["top_k"],
+            route_args["topk_group"],
+            route_args["group_size"],
+            route_args["num_groups"],
+            route_args["scale"],
+            ws.used,
+            ws.tickets[1:],
+            metrics,
+            HAS_METRICS=has_metrics,
+            CHUNK_T=plan.route_rows,
+            **common,
+        )
+
+
+def prune_route(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    router: RouterSpec,
+    *,
+    correction_bias: torch.Tensor | None = None,
+    tokens_per_request: int = 1,
+    num_valid_tokens: int | torch.Tensor | None = None,
+    expert_to_rank: torch.Tensor | None = None,
+    layer_id: int | None = None,
+    token_weights: torch.Tensor | None = None,
+    fill_dropped: bool = False,
+    keep_out: torch.Tensor | None = None,
+    ids_out: torch.Tensor | None = None,
+    weights_out: torch.Tensor | None = None,
+    metrics_row: torch.Tensor | None = None,
+    workspace: SelectionWorkspace | None = None,
+) -> PrunedRouting:
+    """Keep mask and routing of one MoE layer call, on the device, in one or two launches.
+
+    See :func:`xshare_sglang.policies.prune_route.prune_route` for the parameters; ``workspace`` is
+    the scratch memory (default: one shared per (device, E), created on first use).
+
+    Returns
+    -------
+    PrunedRouting
+        ``topk_ids`` [T, top_k] int32, ``topk_weights`` [T, top_k] float32, ``keep`` [E] bool.
+    """
+    if not isinstance(router, RouterSpec):
+        raise ValueError(f"router must be a RouterSpec, got {type(router).__name__}")
+    validate_selection_args(
+        logits,
+        cfg,
+        top_k=router.top_k,
+        tokens_per_request=tokens_per_request,
+        expert_to_rank=expert_to_rank,
+        scoring=router.scoring,
+        token_weights=token_weights,
+    )
+    num_tokens, num_experts = logits.shape
+    router.check(num_experts, correction_bias)
+    check_outputs(logits, router.top_k, keep_out, ids_out, weights_out, metrics_row)
+    if correction_bias is not None and correction_bias.device != logits.device:
+        raise ValueError(f"correction_bias is on {correction_bias.device}, the logits on {logits.device}")
+    reason = unsupported_reason(logits, cfg, top_k=router.top_k, tokens_per_request=tokens_per_request, router=router)
+    if reason is not None:
+        _report(reason)
+        return prune_route_reference(
+            logits,
+            cfg,
+            router,
+            correction_bias=correction_bias,
+            tokens_per_request=tokens_per_request,
+            num_valid_tokens=num_valid_tokens,
+            expert_to_rank=expert_to_rank,
+            layer_id=layer_id,
+            token_weights=token_weights,
+            fill_dropped=fill_dropped,
+            keep_out=keep_out,
+            ids_out=ids_out,
+            weights_out=weights_out,
+            metrics_row=metrics_row,
+        )
+    device = logits.device
+    keep = keep_out if keep_out is not None else torch.empty(num_experts, dtype=torch.bool, device=device)
+    ids = ids_out if ids_out is not None else torch.empty(num_tokens, router.top_k, dtype=torch.int32, device=device)
+    weights = (
+        weights_out
+        if weights_out is not None
+        else torch.empty(num_tokens, router.top_k, dtype=torch.float32, device=device)
+    )
+    _launch(
+        logits,
+        cfg,
+        router,
+        route=True,
+        correction_bias=correction_bias,
+        tokens_per_request=tokens_per_request,
+        num_valid_tokens=num_valid_tokens,
+        expert_to_rank=expert_to_rank,
+        layer_id=layer_id,
+        token_weights=token_weights,
+        fill_dropped=fill_dropped,
+        keep=keep,
+        ids=ids,
+        weights=weights,
+        metrics_row=metrics_row,
+        stats_out=None,
+        workspace=workspace,
+    )
+    return PrunedRouting(ids, weights, keep)
+
+
+def select_keep_mask(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    *,
+    top_k: int,
+    tokens_per_request: int = 1,
+    num_valid_tokens: int | torch.Tensor | None = None,
+    expert_to_rank: torch.Tensor | None = None,
+    scoring: str = "softmax",
+    out: torch.Tensor | None = None,
+    workspace: SelectionWorkspace | None = None,
+    layer_id: int | None = None,
+    stats_out: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Keep mask of one MoE layer call, computed on the device in one launch.
+
+    Parameters
+    ----------
+    logits : Tensor, shape [T, E], float32 / bfloat16 / float16
+    cfg : PrunerConfig
+    top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, token_weights
+        As in :func:`xshare_sglang.select_experts_mask`.
+    out : Tensor, shape [E], bool, optional
+        Written in place and returned; pass one inside CUDA graphs.
+    workspace : SelectionWorkspace, optional
+    stats_out : Tensor, shape [2], int64, optional
+        Receives the aggregate score of the kept experts and of all experts (fixed point, the
+        policy's score over the real tokens): their ratio is the share of score mass kept.
+
+    Returns
+    -------
+    Tensor, shape [E], bool
+    """
+    validate_selection_args(
+        logits,
+        cfg,
+        top_k=top_k,
+        tokens_per_request=tokens_per_request,
+        expert_to_rank=expert_to_rank,
+        scoring=scoring,
+        token_weights=token_weights,
+    )
+    num_experts = logits.shape[1]
+    if out is not None and (out.shape != (num_experts,) or out.dtype != torch.bool or out.device != logits.device):
+        raise ValueError(f"out must be a bool tensor of shape ({num_experts},) on {logits.device}")
+    if stats_out is not None and (stats_out.shape != (2,) or stats_out.dtype != torch.int64):
+        raise ValueError("stats_out must be an int64 tensor of shape (2,)")
+    if cfg.policy == "none" and stats_out is None:
+        return torch.ones(num_experts, dtype=torch.bool, device=logits.device) if out is None else out.fill_(True)
+    selection = dict(
+        top_k=top_k,
+        tokens_per_request=tokens_per_request,
+        num_valid_tokens=num_valid_tokens,
+        expert_to_rank=expert_to_rank,
+        scoring=scoring,
+        layer_id=layer_id,
+        token_weights=token_weights,
+    )
+    reason = unsupported_reason(logits, cfg, top_k=top_k, tokens_per_request=tokens_per_request)
+    if reason is not None:
+        _report(reason)
+        if stats_out is None:
+            keep = select_experts_mask(logits, cfg, **selection)
+        else:
+            keep, aggregate = select_with_aggregate(logits, cfg, **selection)
+            stats_out[0] = torch.where(keep, aggregate, 0).sum()
+            stats_out[1] = aggregate.sum()
+        return keep if out is None else out.copy_(keep)
+    keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=logits.device)
+    _launch(
+        logits,
+        cfg,
+        RouterSpec(top_k, scoring),
+        route=False,
+        correction_bias=None,
+        tokens_per_request=tokens_per_request,
+        num_valid_tokens=num_valid_tokens,
+        expert_to_rank=expert_to_rank,
+        layer_id=layer_id,
+        token_weights=token_weights,
+        fill_dropped=False,
+        keep=keep,
+        ids=None,
+        weights=None,
+        metrics_row=None,
+        stats_out=stats_out,
+        workspace=workspace,
+    )
+    return keep

@@ -236,84 +236,6 @@ def lynx_depths(x, alpha, beta):
     return -tl.maximum(scaled, 0.0 - beta).to(tl.int32)
 
 
-# --------------------------------------------------------------------------- phase A: one block of rows
-@triton.jit
-def token_block(
-    logits_ptr,
-    stride_t,
-    stride_e,
-    n_valid,
-    first_row,
-    num_rows,
-    rows_per_request,
-    weights_ptr,
-    e,
-    e_ok,
-    k0,
-    top_k,
-    request_budget,
-    alpha,
-    beta,
-    HAS_WEIGHTS: tl.constexpr,
-    NEED_SCORES: tl.constexpr,
-    SCORE_TOPK: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    PER_REQUEST: tl.constexpr,
-    REQUEST_TOP: tl.constexpr,
-    LYNX: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    BLOCK_BINS: tl.constexpr,
-    CHUNK_T: tl.constexpr,
-):
-    """Aggregates, warm-up set, per-request sets and LYNX counts of rows [first_row, first_row + num_rows).
-
-    Requests are ``rows_per_request`` consecutive rows and never straddle blocks.
-    """
-    if NEED_SCORES and SCORE_TOPK:
-        n_iter = tl.maximum(top_k, k0)
-    else:
-        n_iter = k0
-    agg_acc = tl.zeros([BLOCK_E], tl.int64)
-    warm_acc = tl.zeros([BLOCK_E], tl.int32)
-    base_acc = tl.zeros([BLOCK_E], tl.int32)
-    counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32)
-    bin_id = tl.arange(0, BLOCK_BINS)
-    for r0 in range(0, num_rows, rows_per_request):
-        agg_r = tl.zeros([BLOCK_E], tl.int64)
-        warm_r = tl.zeros([BLOCK_E], tl.int32)
-        votes_r = tl.zeros([], tl.int32)
-        for c in range(0, rows_per_request, CHUNK_T):
-            offs = r0 + c + tl.arange(0, CHUNK_T)
-            in_block = (offs < num_rows) & (offs < r0 + rows_per_request)
-            x, row_ok, wq = load_rows(
-                logits_ptr, stride_t, stride_e, first_row + offs, in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
-            )
-            votes_r += tl.sum(row_ok.to(tl.int32), axis=0)
-            if LYNX:
-                depth = lynx_depths(x, alpha, beta)
-                for j in tl.static_range(BLOCK_BINS):
-                    in_bin = tl.sum(((depth == j) & row_ok[:, None]).to(tl.int32), axis=0)
-                    counts = tl.where(bin_id[None, :] == j, counts + in_bin[:, None], counts)
-            candidate = (x > float("-inf")) & e_ok[None, :]
-            key = pack_key(x, e[None, :], candidate)
-            rank = row_ranks(key, n_iter)
-            warm_rows = (rank < k0) & row_ok[:, None]
-            warm_r = tl.maximum(warm_r, tl.max(warm_rows.to(tl.int32), axis=0))
-            if NEED_SCORES:
-                if SCORE_TOPK:
-                    member = rank < top_k
-                else:
-                    member = candidate
-                q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
-                agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
-        agg_acc += agg_r
-        warm_acc = tl.maximum(warm_acc, warm_r)
-        if PER_REQUEST:
-            chosen = greedy_iterative(warm_r, agg_r, e, e_ok, request_budget, votes_r > 0, REQUEST_TOP, BLOCK_E)
-            base_acc = tl.maximum(base_acc, chosen)
-    return agg_acc, warm_acc, base_acc, counts
-
-
 # --------------------------------------------------------------------------- phase B helpers
 @triton.jit
 def pairwise_before(
@@ -673,65 +595,52 @@ def select_kernel(
     warm = tl.zeros([BLOCK_E], tl.int32)
     base = tl.zeros([BLOCK_E], tl.int32)
     counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32)
-    # phase A: this program's rows
+    # phase A: this program's rows (requests of rows_per_request rows never straddle programs):
+    # aggregates, warm-up set, per-request sets, LYNX bin counts
     first_row = pid * rows_per_program
     num_rows = tl.minimum(rows_per_program, tl.maximum(num_tokens - first_row, 0))
-    if MODE != MODE_ALL and MODE != MODE_STATIC:
-        agg, warm, base, counts = token_block(
-            logits_ptr,
-            stride_t,
-            stride_e,
-            n_valid,
-            first_row,
-            num_rows,
-            rows_per_request,
-            weights_ptr,
-            e,
-            e_ok,
-            k0,
-            top_k,
-            request_budget,
-            alpha,
-            beta,
-            HAS_WEIGHTS,
-            NEED_SCORES,
-            SCORE_TOPK,
-            SIGMOID,
-            PER_REQUEST,
-            REQUEST_TOP,
-            LYNX,
-            BLOCK_E,
-            BLOCK_BINS,
-            CHUNK_T,
-        )
-    elif NEED_SCORES:
-        agg, warm, base, counts = token_block(
-            logits_ptr,
-            stride_t,
-            stride_e,
-            n_valid,
-            first_row,
-            num_rows,
-            rows_per_request,
-            weights_ptr,
-            e,
-            e_ok,
-            0,
-            top_k,
-            0,
-            alpha,
-            beta,
-            HAS_WEIGHTS,
-            NEED_SCORES,
-            SCORE_TOPK,
-            SIGMOID,
-            False,
-            False,
-            False,
-            BLOCK_E,
-            BLOCK_BINS,
-            CHUNK_T,
-        )
+    # every rule but none and static moe-spec reads the rows; those two only for aggregates (metrics)
+    # (the wrapper passes k0 = 0 and no per-request or LYNX work for them)
+    if (MODE != MODE_ALL and MODE != MODE_STATIC) or NEED_SCORES:
+        if NEED_SCORES and SCORE_TOPK:
+            n_iter = tl.maximum(top_k, k0)
+        else:
+            n_iter = k0
+        bin_id = tl.arange(0, BLOCK_BINS)
+        for r0 in range(0, num_rows, rows_per_request):
+            agg_r = tl.zeros([BLOCK_E], tl.int64)
+            warm_r = tl.zeros([BLOCK_E], tl.int32)
+            votes_r = tl.zeros([], tl.int32)
+            for c in range(0, rows_per_request, CHUNK_T):
+                offs = r0 + c + tl.arange(0, CHUNK_T)
+                in_block = (offs < num_rows) & (offs < r0 + rows_per_request)
+                rows = first_row + offs
+                x, row_ok, wq = load_rows(
+                    logits_ptr, stride_t, stride_e, rows, in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
+                )
+                votes_r += tl.sum(row_ok.to(tl.int32), axis=0)
+                if LYNX:
+                    depth = lynx_depths(x, alpha, beta)
+                    for j in tl.static_range(BLOCK_BINS):
+                        in_bin = tl.sum(((depth == j) & row_ok[:, None]).to(tl.int32), axis=0)
+                        counts = tl.where(bin_id[None, :] == j, counts + in_bin[:, None], counts)
+                candidate = (x > float("-inf")) & e_ok[None, :]
+                key = pack_key(x, e[None, :], candidate)
+                rank = row_ranks(key, n_iter)
+                warm_rows = (rank < k0) & row_ok[:, None]
+                warm_r = tl.maximum(warm_r, tl.max(warm_rows.to(tl.int32), axis=0))
+                if NEED_SCORES:
+                    if SCORE_TOPK:
+                        member = rank < top_k
+                    else:
+                        member = candidate
+                    q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
+                    agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
+            agg += agg_r
+            warm = tl.maximum(warm, warm_r)
+            if PER_REQUEST:
+                chosen = greedy_iterative(warm_r, agg_r, e, e_ok, request_budget, votes_r > 0, REQUEST_TOP, BLOCK_E)
+                base = tl.maximum(base, chosen)
     out = pid * num_experts + e
     if not SINGLE:
         if MODE != MODE_ALL and MODE != MODE_STATIC:
@@ -941,7 +850,6 @@ def route_kernel(
     n_valid_arg,
     weights_ptr,
     bias_ptr,
-    keep_ptr,
     ids_ptr,
     ids_stride,
     out_w_ptr,
@@ -951,6 +859,7 @@ def route_kernel(
     group_size,
     num_groups,
     scale,
+    keep_ptr,
     used_ptr,
     ticket_ptr,
     metrics_ptr,

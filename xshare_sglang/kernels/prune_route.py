@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 
 from ..config import PrunerConfig
-from ..policies.api import select_experts_mask, select_with_aggregate, validate_selection_args
+from ..policies.api import select_with_aggregate, validate_selection_args
 from ..policies.greedy import tau_fixed_point
 from ..policies.moe_spec import static_positions
-from ..policies.prune_route import PrunedRouting, check_outputs
+from ..policies.prune_route import PrunedRouting, check_prune_route_args
 from ..policies.prune_route import prune_route as prune_route_reference
 from ..policies.routing import RouterSpec
 from ..policies.scores import float32_value
@@ -230,19 +230,19 @@ def _launch(
     router: RouterSpec,
     *,
     route: bool,
-    correction_bias,
-    tokens_per_request,
-    num_valid_tokens,
-    expert_to_rank,
-    layer_id,
-    token_weights,
-    fill_dropped,
-    keep,
-    ids,
-    weights,
-    metrics_row,
-    stats_out,
-    workspace,
+    keep: torch.Tensor,
+    workspace: SelectionWorkspace | None,
+    tokens_per_request: int,
+    num_valid_tokens: int | torch.Tensor | None,
+    expert_to_rank: torch.Tensor | None,
+    layer_id: int | None,
+    token_weights: torch.Tensor | None,
+    ids: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    correction_bias: torch.Tensor | None = None,
+    fill_dropped: bool = False,
+    metrics_row: torch.Tensor | None = None,
+    stats_out: torch.Tensor | None = None,
 ) -> None:
     from . import _prune_route as jit  # imports triton
 
@@ -285,26 +285,24 @@ def _launch(
         enable_fp_fusion=False,
     )
     scale = float32_value(router.routed_scaling_factor) if router.routed_scaling_factor is not None else 1.0
-    route_args = dict(
-        top_k=router.top_k,
-        topk_group=router.topk_group,
-        group_size=num_experts // num_groups,
-        num_groups=num_groups,
-        scale=scale,
+    # argument runs both kernels take in the same order: the rows, then the routing
+    rows = (logits, logits.stride(0), logits.stride(1), num_tokens, num_experts, nv_ptr, nv_arg, weights_in)
+    ids_out, weights_out = (ids, weights) if route else (ws.used, ws.prim)
+    routing = (
+        correction_bias if has_bias else ws.prim,
+        ids_out,
+        ids_out.stride(0) if route else 0,
+        weights_out,
+        weights_out.stride(0) if route else 0,
+        router.top_k,
+        router.topk_group,
+        num_experts // num_groups,
+        num_groups,
+        scale,
     )
-    bias = correction_bias if has_bias else ws.prim
-    ids_out = ids if route else ws.used
-    weights_out = weights if route else ws.prim
     metrics = metrics_row if has_metrics else ws.mass
     jit.select_kernel[(plan.num_parts,)](
-        logits,
-        logits.stride(0),
-        logits.stride(1),
-        num_tokens,
-        num_experts,
-        nv_ptr,
-        nv_arg,
-        weights_in,
+        *rows,
         plan.rows_per_program,
         plan.rows_per_request,
         policy["k0"],
@@ -332,16 +330,7 @@ def _launch(
         keep,
         metrics,
         stats_out if has_stats else ws.mass,
-        bias,
-        ids_out,
-        ids_out.stride(0) if route else 0,
-        weights_out,
-        weights_out.stride(0) if route else 0,
-        route_args["top_k"],
-        route_args["topk_group"],
-        route_args["group_size"],
-        route_args["num_groups"],
-        route_args["scale"],
+        *routing,
         MODE=getattr(jit, policy["mode"]).value,
         NEED_SCORES=need_scores,
         SCORE_TOPK=cfg.effective_score == "topk",
@@ -363,25 +352,9 @@ def _launch(
     )
     if route and not plan.single:
         jit.route_kernel[(plan.route_programs,)](
-            logits,
-            logits.stride(0),
-            logits.stride(1),
-            num_tokens,
-            num_experts,
-            nv_ptr,
-            nv_arg,
-            weights_in,
-            bias,
+            *rows,
+            *routing,
             keep,
-            ids,
-            ids.stride(0),
-            weights,
-            weights.stride(0),
-            route_args["top_k"],
-            route_args["topk_group"],
-            route_args["group_size"],
-            route_args["num_groups"],
-            route_args["scale"],
             ws.used,
             ws.tickets[1:],
             metrics,
@@ -419,40 +392,35 @@ def prune_route(
     PrunedRouting
         ``topk_ids`` [T, top_k] int32, ``topk_weights`` [T, top_k] float32, ``keep`` [E] bool.
     """
-    if not isinstance(router, RouterSpec):
-        raise ValueError(f"router must be a RouterSpec, got {type(router).__name__}")
-    validate_selection_args(
+    check_prune_route_args(
         logits,
         cfg,
-        top_k=router.top_k,
+        router,
+        correction_bias=correction_bias,
         tokens_per_request=tokens_per_request,
         expert_to_rank=expert_to_rank,
-        scoring=router.scoring,
         token_weights=token_weights,
+        keep_out=keep_out,
+        ids_out=ids_out,
+        weights_out=weights_out,
+        metrics_row=metrics_row,
     )
     num_tokens, num_experts = logits.shape
-    router.check(num_experts, correction_bias)
-    check_outputs(logits, router.top_k, keep_out, ids_out, weights_out, metrics_row)
-    if correction_bias is not None and correction_bias.device != logits.device:
-        raise ValueError(f"correction_bias is on {correction_bias.device}, the logits on {logits.device}")
+    inputs = dict(
+        correction_bias=correction_bias,
+        tokens_per_request=tokens_per_request,
+        num_valid_tokens=num_valid_tokens,
+        expert_to_rank=expert_to_rank,
+        layer_id=layer_id,
+        token_weights=token_weights,
+        fill_dropped=fill_dropped,
+        metrics_row=metrics_row,
+    )
     reason = unsupported_reason(logits, cfg, top_k=router.top_k, tokens_per_request=tokens_per_request, router=router)
     if reason is not None:
         _report(reason)
         return prune_route_reference(
-            logits,
-            cfg,
-            router,
-            correction_bias=correction_bias,
-            tokens_per_request=tokens_per_request,
-            num_valid_tokens=num_valid_tokens,
-            expert_to_rank=expert_to_rank,
-            layer_id=layer_id,
-            token_weights=token_weights,
-            fill_dropped=fill_dropped,
-            keep_out=keep_out,
-            ids_out=ids_out,
-            weights_out=weights_out,
-            metrics_row=metrics_row,
+            logits, cfg, router, keep_out=keep_out, ids_out=ids_out, weights_out=weights_out, **inputs
         )
     device = logits.device
     keep = keep_out if keep_out is not None else torch.empty(num_experts, dtype=torch.bool, device=device)
@@ -462,25 +430,7 @@ def prune_route(
         if weights_out is not None
         else torch.empty(num_tokens, router.top_k, dtype=torch.float32, device=device)
     )
-    _launch(
-        logits,
-        cfg,
-        router,
-        route=True,
-        correction_bias=correction_bias,
-        tokens_per_request=tokens_per_request,
-        num_valid_tokens=num_valid_tokens,
-        expert_to_rank=expert_to_rank,
-        layer_id=layer_id,
-        token_weights=token_weights,
-        fill_dropped=fill_dropped,
-        keep=keep,
-        ids=ids,
-        weights=weights,
-        metrics_row=metrics_row,
-        stats_out=None,
-        workspace=workspace,
-    )
+    _launch(logits, cfg, router, route=True, keep=keep, ids=ids, weights=weights, workspace=workspace, **inputs)
     return PrunedRouting(ids, weights, keep)
 
 
@@ -534,43 +484,22 @@ def select_keep_mask(
         raise ValueError("stats_out must be an int64 tensor of shape (2,)")
     if cfg.policy == "none" and stats_out is None:
         return torch.ones(num_experts, dtype=torch.bool, device=logits.device) if out is None else out.fill_(True)
-    selection = dict(
-        top_k=top_k,
+    inputs = dict(
         tokens_per_request=tokens_per_request,
         num_valid_tokens=num_valid_tokens,
         expert_to_rank=expert_to_rank,
-        scoring=scoring,
         layer_id=layer_id,
         token_weights=token_weights,
     )
     reason = unsupported_reason(logits, cfg, top_k=top_k, tokens_per_request=tokens_per_request)
     if reason is not None:
         _report(reason)
-        if stats_out is None:
-            keep = select_experts_mask(logits, cfg, **selection)
-        else:
-            keep, aggregate = select_with_aggregate(logits, cfg, **selection)
+        keep, aggregate = select_with_aggregate(logits, cfg, top_k=top_k, scoring=scoring, **inputs)
+        if stats_out is not None:
             stats_out[0] = torch.where(keep, aggregate, 0).sum()
             stats_out[1] = aggregate.sum()
         return keep if out is None else out.copy_(keep)
     keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=logits.device)
-    _launch(
-        logits,
-        cfg,
-        RouterSpec(top_k, scoring),
-        route=False,
-        correction_bias=None,
-        tokens_per_request=tokens_per_request,
-        num_valid_tokens=num_valid_tokens,
-        expert_to_rank=expert_to_rank,
-        layer_id=layer_id,
-        token_weights=token_weights,
-        fill_dropped=False,
-        keep=keep,
-        ids=None,
-        weights=None,
-        metrics_row=None,
-        stats_out=stats_out,
-        workspace=workspace,
-    )
+    router = RouterSpec(top_k, scoring)
+    _launch(logits, cfg, router, route=False, keep=keep, stats_out=stats_out, workspace=workspace, **inputs)
     return keep

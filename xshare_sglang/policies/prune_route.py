@@ -19,12 +19,12 @@ from typing import NamedTuple
 import torch
 
 from ..config import PrunerConfig
-from .api import _select
+from .api import _select, validate_selection_args
 from .rewrite import METRIC_COLUMNS, call_metrics, filler_ids
 from .routing import RouterSpec, route_logits
 from .scores import sanitize_logits, sanitize_token_weights, valid_token_mask
 
-__all__ = ["METRIC_COLUMNS", "PrunedRouting", "check_outputs", "prune_route"]
+__all__ = ["METRIC_COLUMNS", "PrunedRouting", "check_outputs", "check_prune_route_args", "prune_route"]
 
 
 class PrunedRouting(NamedTuple):
@@ -69,6 +69,39 @@ def check_outputs(
             raise ValueError(f"{name} is on {tensor.device}, the logits on {logits.device}")
         if name in ("ids_out", "weights_out") and num_tokens and tensor.stride(1) != 1:
             raise ValueError(f"{name} must have unit stride along its slots")
+
+
+def check_prune_route_args(
+    logits: torch.Tensor,
+    cfg: PrunerConfig,
+    router: RouterSpec,
+    *,
+    correction_bias: torch.Tensor | None,
+    tokens_per_request: int,
+    expert_to_rank: torch.Tensor | None,
+    token_weights: torch.Tensor | None,
+    keep_out: torch.Tensor | None,
+    ids_out: torch.Tensor | None,
+    weights_out: torch.Tensor | None,
+    metrics_row: torch.Tensor | None,
+) -> None:
+    """Every host-side check of a :func:`prune_route` call (shared with the kernels' wrapper); raise
+    ``ValueError`` naming the argument.  Shapes, types and config values, never tensor contents."""
+    if not isinstance(router, RouterSpec):
+        raise ValueError(f"router must be a RouterSpec, got {type(router).__name__}")
+    validate_selection_args(
+        logits,
+        cfg,
+        top_k=router.top_k,
+        tokens_per_request=tokens_per_request,
+        expert_to_rank=expert_to_rank,
+        scoring=router.scoring,
+        token_weights=token_weights,
+    )
+    router.check(logits.shape[1], correction_bias)
+    check_outputs(logits, router.top_k, keep_out, ids_out, weights_out, metrics_row)
+    if correction_bias is not None and correction_bias.device != logits.device:
+        raise ValueError(f"correction_bias is on {correction_bias.device}, the logits on {logits.device}")
 
 
 def prune_route(
@@ -117,8 +150,19 @@ def prune_route(
     PrunedRouting
     """
     del workspace
-    if not isinstance(router, RouterSpec):
-        raise ValueError(f"router must be a RouterSpec, got {type(router).__name__}")
+    check_prune_route_args(
+        logits,
+        cfg,
+        router,
+        correction_bias=correction_bias,
+        tokens_per_request=tokens_per_request,
+        expert_to_rank=expert_to_rank,
+        token_weights=token_weights,
+        keep_out=keep_out,
+        ids_out=ids_out,
+        weights_out=weights_out,
+        metrics_row=metrics_row,
+    )
     keep, aggregate = _select(
         logits,
         cfg,
@@ -132,10 +176,6 @@ def prune_route(
         True,
     )
     num_tokens, num_experts = logits.shape
-    router.check(num_experts, correction_bias)
-    check_outputs(logits, router.top_k, keep_out, ids_out, weights_out, metrics_row)
-    if correction_bias is not None and correction_bias.device != logits.device:
-        raise ValueError(f"correction_bias is on {correction_bias.device}, the logits on {logits.device}")
     ids, weights = route_logits(
         sanitize_logits(logits),
         keep,

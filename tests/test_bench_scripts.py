@@ -14,6 +14,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SELECTION_POLICIES = [
+    "oea",
+    "xshare",
+    "xshare-threshold",
+    "xshare-ep",
+    "moe-spec",
+    "moe-spec-static",
+    "lynx",
+    "xshare-spec",
+    "moe-spec-request",
+]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
 def test_bench_selection_smoke(tmp_path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
@@ -24,22 +37,64 @@ def test_bench_selection_smoke(tmp_path) -> None:
         env=env,
         timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "selection.json").read_text())
-    assert report["meta"]["device"].startswith("cpu (smoke run")
-    policies = [row["policy"] for row in report["rows"]]
-    assert policies == [
-        "oea",
-        "xshare",
-        "xshare-threshold",
-        "xshare-spec",
-        "xshare-ep",
-        "moe-spec",
-        "moe-spec-static",
-        "lynx",
+    meta, rows = report["meta"], report["rows"]
+    assert meta["device"].startswith("cpu (smoke run")
+    assert meta["errors"] == [] and meta["skipped"] == []
+    # every policy at both token counts on a plain softmax router and a grouped, biased, scaled sigmoid one
+    expected = [(m, t, p) for m in ("tiny", "tiny-grouped") for t in (1, 40) for p in SELECTION_POLICIES]
+    assert sorted((r["model"], r["T"], r["policy"]) for r in rows) == sorted(expected)
+    for r in rows:
+        # one launch while the call fits one program, the selection then the routing above that
+        assert r["launches"] == (1 if r["T"] <= 32 else 2), r
+        assert r["kernels"] == ("select_kernel" if r["T"] <= 32 else "select_kernel+route_kernel"), r
+        assert r["ids_equal"] and r["weight_max_err"] <= 1e-6 and r["eager_alloc_bytes"] == 0, r
+        assert r["checks_ok"] and r["goal_met"] is None  # CPU times are not judged
+        assert r["D"] == (4 if r["policy"] in ("xshare-spec", "moe-spec-request") else 1)
+    assert (tmp_path / "selection.csv").read_text().startswith("model,E,top_k,T,D,policy,settings,kept,launches")
+    assert "| model | T | D | policy |" in (tmp_path / "selection.md").read_text()
+
+
+def test_bench_selection_topk_is_sglangs() -> None:
+    """The benchmark's unpruned top-k (torch ops) routes exactly as SGLang's own select_experts."""
+    from sglang.srt.layers.moe.topk import TopKConfig
+
+    from tests.sglang_helpers import sglang_select_experts
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_selection
+
+    gen = torch.Generator().manual_seed(3)
+    bias = torch.randn(256, generator=gen) * 0.05
+    cases = [
+        (bench_selection.MODEL_ROUTERS["qwen3-30b-a3b"], None, dict(scoring_func="softmax")),
+        (bench_selection.MODEL_ROUTERS["gpt-oss-120b"], None, dict(scoring_func="softmax")),
+        (
+            bench_selection.MODEL_ROUTERS["deepseek-v3"],
+            bias,
+            dict(
+                scoring_func="sigmoid",
+                use_grouped_topk=True,
+                num_expert_group=8,
+                topk_group=4,
+                correction_bias=bias,
+                routed_scaling_factor=2.5,
+                apply_routed_scaling_factor_on_output=True,
+            ),
+        ),
     ]
-    assert all(row["masks_equal"] and row["eager_alloc_bytes"] == 0 for row in report["rows"])
-    assert (tmp_path / "selection.csv").read_text().startswith("E,T,policy,kernel_us,reference_us")
+    for model, model_bias, extra in cases:
+        router = model.router
+        logits = torch.randn(37, model.shape.num_experts, generator=gen) * 2
+        config = TopKConfig(top_k=router.top_k, renormalize=True, torch_native=True, layer_id=0, **extra)
+        ref_ids, ref_weights = sglang_select_experts(config, logits)
+        ids, weights = bench_selection.sglang_native_topk(logits, router, model_bias)
+        order, ref_order = ids.sort(1), ref_ids.sort(1)
+        assert torch.equal(order.values, ref_order.values.to(torch.int32)), model.shape.name
+        got = weights.gather(1, order.indices)
+        want = ref_weights.float().gather(1, ref_order.indices)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")

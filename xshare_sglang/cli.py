@@ -15,6 +15,8 @@ echo-calibrate
 spec-eval
         tree speculative decoding of the tiny MoE with its tiny draft on CPU: SGLang's node choice
         against ECHO at equal budgets (accepted tokens, utilization, verified nodes, experts).
+quality teacher-forced quality of every policy on the tiny MoE model: KL to the unpruned next-token
+        distribution, top-1 agreement, NLL change (bootstrap intervals), experts read, modeled speed-up.
 calibrate
         per-layer expert counts from SGLang's expert-distribution recorder during a workload (or from
         an existing dump) -> the static-ranking file of ``--moe-pruner-ranking static``.
@@ -392,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     spec_eval = sub.add_parser("spec-eval", help="ECHO budgets in real tree speculative decoding (tiny MoE, CPU)")
     add_spec_eval_arguments(spec_eval)
     spec_eval.set_defaults(handler=spec_eval_handler)
+
+    from .replay.quality_cli import QUALITY_HELP, add_quality_arguments, quality_handler
+
+    quality = sub.add_parser("quality", help=QUALITY_HELP)
+    add_quality_arguments(quality)
+    quality.set_defaults(handler=quality_handler)
 
     from .serving import static_calibration
 

@@ -17,16 +17,24 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def plot_pareto(panels: dict[str, list[dict]], path: str | Path, title: str) -> Path:
+def plot_pareto(
+    panels: dict[str, list[dict]],
+    path: str | Path,
+    title: str,
+    *,
+    x_key: str = "retained_mass",
+    x_label: str = "retained gating mass (%)",
+) -> Path:
     """Write one PNG with a panel per batch shape.
 
     Parameters
     ----------
     panels : dict of str to list of dict
-        Panel title -> points, each ``{"label": str, "retained_mass": float in [0, 1],
-        "speedup": float}``.
+        Panel title -> points, each ``{"label": str, x_key: float in [0, 1], "speedup": float}``.
     path : str or Path
         Where the PNG goes.
+    x_key, x_label : str
+        The quality measure on the x axis (a fraction, drawn in percent) and its axis label.
     """
     import matplotlib
 
@@ -36,10 +44,12 @@ def plot_pareto(panels: dict[str, list[dict]], path: str | Path, title: str) -> 
     path = Path(path)
     count = max(1, len(panels))
     fig, axes = plt.subplots(1, count, figsize=(4.2 * count, 3.8), dpi=100, squeeze=False)
+    # one color per policy across every panel, and each panel's legend lists its own policies
+    every_policy = sorted({p["label"].split(" ")[0] for points in panels.values() for p in points})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(every_policy)}
     for ax, (panel, points) in zip(axes[0], panels.items(), strict=False):
-        xy = [(100 * p["retained_mass"], p["speedup"]) for p in points]
+        xy = [(100 * p[x_key], p["speedup"]) for p in points]
         policies = sorted({p["label"].split(" ")[0] for p in points})
-        colors = {name: f"C{i % 10}" for i, name in enumerate(policies)}
         for (x, y), p in zip(xy, points, strict=True):
             ax.scatter(x, y, color=colors[p["label"].split(" ")[0]], s=18, zorder=3)
         for name in policies:
@@ -47,10 +57,10 @@ def plot_pareto(panels: dict[str, list[dict]], path: str | Path, title: str) -> 
         front = pareto_front(xy)
         ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], color="gray", lw=1, ls="--", zorder=2)
         ax.set_title(panel, fontsize=9)
-        ax.set_xlabel("retained gating mass (%)")
+        ax.set_xlabel(x_label)
         ax.set_ylabel("modeled MoE speed-up (x)")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)

@@ -99,11 +99,15 @@ class RouterHook:
     """Apply ``cfg`` to the model's routers, record statistics and, optionally, a trace.
 
     Each forward of the model sets ``phase``: ``"decode"`` when it feeds one token per sequence,
-    ``"extend"`` (prefill) otherwise; decode forwards are numbered by ``step``.  Calls whose phase
-    is not in ``cfg.phases`` keep the model's routing.  Use as a context manager.
+    ``"verify"`` when it feeds exactly ``verify_tokens`` (> 1) tokens per sequence (a speculative
+    verify batch: each sequence's tokens form one request of the selection), ``"extend"`` (prefill)
+    otherwise; decode forwards are numbered by ``step``.  Calls whose phase is not in ``cfg.phases``
+    keep the model's routing.  Use as a context manager.
 
     Attributes
     ----------
+    verify_tokens : int
+        D of verify forwards; 0 (default) treats every multi-token forward as prefill.
     request_ids : Tensor [B], optional
         Request of each row in decode calls (recorded in the trace).
     stats : list of CallStats
@@ -114,6 +118,7 @@ class RouterHook:
     record: bool = False
     phase: str = "extend"
     step: int = 0
+    verify_tokens: int = 0
     request_ids: torch.Tensor | None = None
     sources: dict[int, str] = field(default_factory=dict)
     stats: list[CallStats] = field(default_factory=list)
@@ -138,7 +143,12 @@ class RouterHook:
         decode = input_ids.shape[1] == 1
         if decode and self.phase == "decode":
             self.step += 1
-        self.phase = "decode" if decode else "extend"
+        if decode:
+            self.phase = "decode"
+        elif self.verify_tokens > 1 and input_ids.shape[1] == self.verify_tokens:
+            self.phase = "verify"
+        else:
+            self.phase = "extend"
 
     def _make_hook(self, layer: int):
         def hook(module, inputs, output):
@@ -157,7 +167,8 @@ class RouterHook:
         if self.cfg is None or self.phase not in self.cfg.phases:
             routed_ids, routed_weights, keep = ids, weights, torch.ones(num_experts, dtype=torch.bool)
         else:
-            keep = select_experts_mask(scores, self.cfg, top_k=top_k, tokens_per_request=1, layer_id=layer)
+            per_request = self.verify_tokens if self.phase == "verify" else 1
+            keep = select_experts_mask(scores, self.cfg, top_k=top_k, tokens_per_request=per_request, layer_id=layer)
             routed_ids, routed_weights = route_within(
                 scores, keep, top_k=top_k, coverage=self.cfg.coverage, renormalize=router.norm_topk_prob
             )

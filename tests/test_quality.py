@@ -1,0 +1,154 @@
+"""``xshare-sglang quality``: teacher-forced KL, top-1 agreement and NLL change against the unpruned
+model, with window-bootstrap intervals, on decode and verify batches of the tiny MoE model."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from xshare_sglang import PrunerConfig
+from xshare_sglang.replay.quality import (
+    QualitySettings,
+    bootstrap_interval,
+    run_quality,
+    teacher_forced_logprobs,
+    token_measures,
+)
+from xshare_sglang.replay.tiny_demo import heldout_windows
+from xshare_sglang.replay.tiny_model import load_tiny_model, tiny_model_dir
+
+SMALL = QualitySettings(requests=4, draft_tokens=4, windows_per_domain=4, window_tokens=16, bootstrap=400)
+
+
+def test_token_measures_by_hand() -> None:
+    # one window, two positions, vocabulary of 3
+    ref = torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.6, 0.3]]]).log()
+    new = torch.tensor([[[0.25, 0.5, 0.25], [0.2, 0.5, 0.3]]]).log()
+    targets = torch.tensor([[0, 2]])
+    m = token_measures(ref, new, targets)
+    kl0 = 0.5 * math.log(0.5 / 0.25) + 0.25 * math.log(0.25 / 0.5)
+    kl1 = 0.1 * math.log(0.1 / 0.2) + 0.6 * math.log(0.6 / 0.5)
+    torch.testing.assert_close(m["kl"], torch.tensor([[kl0, kl1]], dtype=torch.float64))
+    assert m["top1_agree"].tolist() == [[0.0, 1.0]]
+    # NLL of the true token: position 0 token 0 (0.5 -> 0.25), position 1 token 2 (0.3 -> 0.3)
+    torch.testing.assert_close(m["nll_delta"], torch.tensor([[math.log(2.0), 0.0]], dtype=torch.float64))
+
+
+def test_bootstrap_resamples_windows() -> None:
+    gen = torch.Generator().manual_seed(0)
+    same = bootstrap_interval(torch.full((5, 7), 0.25, dtype=torch.float64), 200, gen)
+    assert (same.mean, same.low, same.high) == (0.25, 0.25, 0.25)
+    # windows that differ: the interval brackets the mean and is not degenerate; tokens inside a
+    # window do not count as independent (a window of many equal tokens is still one sample)
+    values = torch.tensor([[0.0] * 50, [1.0] * 50], dtype=torch.float64)
+    spread = bootstrap_interval(values, 400, gen)
+    assert spread.mean == 0.5 and spread.low <= 0.25 and spread.high >= 0.75
+
+
+@pytest.fixture(scope="module")
+def rows():
+    configs = [
+        PrunerConfig(policy="none"),
+        PrunerConfig(policy="oea", k0=1),
+        PrunerConfig(policy="xshare", k0=1, budget=8),
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=4, budget=0),
+    ]
+    return run_quality(configs, settings=SMALL)
+
+
+def test_unpruned_is_its_own_reference(rows) -> None:
+    none = rows[0]
+    assert none.policy == "none" and none.batch == "decode R=4"
+    assert none.kl.high < 1e-6 and none.top1_agree.low == 1.0 and abs(none.nll_delta.mean) < 1e-5
+    assert none.speedup == 1.0 and none.experts == none.natural_experts
+    assert none.tokens == 3 * SMALL.windows_per_domain * SMALL.window_tokens
+
+
+def test_policies_are_told_apart(rows) -> None:
+    oea, xshare = rows[1], rows[2]
+    # oea k0=1 keeps each token's top-1 only: it reads fewer experts and costs more quality than
+    # xshare with a budget of 8, and the intervals say so
+    assert oea.experts < xshare.experts < xshare.natural_experts
+    assert oea.speedup > xshare.speedup > 1.0
+    assert oea.kl.low > xshare.kl.high > 0
+    assert oea.top1_agree.high < xshare.top1_agree.low < 1.0
+    assert oea.nll_delta.mean > xshare.nll_delta.mean
+    for row in rows[1:]:
+        for interval in (row.kl, row.top1_agree, row.nll_delta):
+            assert interval.low <= interval.mean <= interval.high
+
+
+def test_verify_policies_run_on_verify_batches(rows) -> None:
+    spec = rows[3]
+    assert spec.batch == "verify R=4 D=4"
+    # per request of D=4 tokens, at most request_budget + k0 * D experts each; the union over R=4
+    # requests stays below the unpruned union of the same 16-row calls
+    assert spec.experts < spec.natural_experts
+    assert spec.kl.mean > 0 and spec.top1_agree.mean < 1.0
+
+
+def test_verify_forwards_group_each_requests_tokens() -> None:
+    model, tokenizer = load_tiny_model()
+    windows, _ = heldout_windows(tiny_model_dir(), tokenizer, 1, 8)
+    cfg = PrunerConfig(policy="moe-spec", max_experts=1, scope="request")
+    _, stats = teacher_forced_logprobs(model, windows, cfg, requests=3, step_tokens=4)
+    assert {s.phase for s in stats} == {"verify"}
+    assert {s.rows for s in stats} == {12}  # R=3 requests x D=4 tokens per layer call
+    # one expert per request: at most 3 distinct experts per call, never more
+    assert max(s.activated for s in stats) <= 3 < max(s.natural_activated for s in stats)
+
+
+def test_cli_writes_json_and_plot(tmp_path) -> None:
+    from xshare_sglang.cli import main
+
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps([{"policy": "xshare", "k0": 1, "budget": 4}]))
+    out = tmp_path / "q.json"
+    code = main(
+        [
+            "quality",
+            "--configs",
+            str(configs),
+            "--requests",
+            "3",
+            "--windows",
+            "1",
+            "--tokens",
+            "8",
+            "--bootstrap",
+            "50",
+            "--json",
+            str(out),
+            "--plot-dir",
+            str(tmp_path / "plots"),
+        ]
+    )
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert [r["policy"] for r in rows] == ["none", "xshare"]  # the unpruned reference is always measured
+    assert set(rows[1]) >= {"kl", "top1_agree", "nll_delta", "experts", "speedup"}
+    assert (tmp_path / "plots" / "quality_pareto.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--requests", "0"], "--requests"),
+        (["--tokens", "30"], "--tokens=30"),
+        (["--windows", "0"], "--windows"),
+        (["--draft-tokens", "-1"], "--draft-tokens"),
+        (["--bootstrap", "0"], "--bootstrap"),
+    ],
+)
+def test_bad_arguments_exit_2_before_any_work(argv, flag) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "xshare_sglang", "quality", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert flag in result.stderr and "Traceback" not in result.stderr
+    assert "configurations" not in result.stdout  # nothing was measured

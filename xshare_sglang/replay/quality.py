@@ -1,0 +1,263 @@
+"""Teacher-forced quality of each policy on the tiny MoE model: what pruning costs per token.
+
+Free-running greedy agreement mixes the pruner's effect with how thin a small model's margins are:
+one flipped token sends the rest of the continuation elsewhere.  Here every configuration reads the
+same held-out text (code, math, prose) and predicts each next token from the true prefix, so the
+unpruned and the pruned next-token distributions can be compared position by position:
+
+* ``kl`` - KL(unpruned || pruned) of the next-token distribution, in nats;
+* ``top1_agree`` - whether the pruned model's most likely next token is the unpruned model's;
+* ``nll_delta`` - the pruned model's negative log-likelihood of the true next token minus the
+  unpruned model's, in nats (positive: pruning made the text less likely).
+
+Batches are built as a server builds them.  Plain decoding policies see ``R`` requests decoded
+together, one token each per forward (a decode batch of ``R`` rows, every layer call pruned).  The
+verify policies (``xshare-spec``, ``moe-spec`` with ``scope="request"``) see ``R`` requests of ``D``
+tokens per forward, each request's ``D`` tokens one group, as in an EAGLE-3 verify batch.  Each
+configuration keeps its own KV cache, so earlier pruned layer calls shape later positions, as in
+serving.
+
+Intervals are 95% percentile bootstrap intervals over the held-out windows (a window's tokens are
+not independent, so windows, not tokens, are resampled).  ``experts`` is the mean number of experts
+one pruned MoE layer call reads, ``speedup`` the bandwidth model's MoE speed-up (natural over pruned
+expert reads of the same calls).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import PrunerConfig
+from .cost import modeled_speedup
+from .tiny_demo import heldout_windows
+from .tiny_model import RouterHook, tiny_model_dir
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("kl", "top1_agree", "nll_delta")
+#: The command-line flag of each setting (errors name the flag).
+FLAGS = {
+    "requests": "--requests",
+    "draft_tokens": "--draft-tokens",
+    "windows_per_domain": "--windows",
+    "window_tokens": "--tokens",
+    "bootstrap": "--bootstrap",
+}
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """Sizes of one run.
+
+    Attributes
+    ----------
+    requests : int
+        R, requests decoded (or verified) together in one forward.
+    draft_tokens : int
+        D, tokens per request in the verify policies' forwards.
+    windows_per_domain : int
+        Held-out windows per domain (code, math, prose); all windows are split into batches of R.
+    window_tokens : int
+        Predicted tokens per window (a multiple of D).
+    bootstrap : int
+        Bootstrap resamples of the windows for the intervals.
+    seed : int
+        Seed of the bootstrap.
+    """
+
+    requests: int = 8
+    draft_tokens: int = 4
+    windows_per_domain: int = 8
+    window_tokens: int = 64
+    bootstrap: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, flag in FLAGS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag}={value!r} is invalid: must be an integer >= 1")
+        if self.window_tokens % self.draft_tokens:
+            raise ValueError(
+                f"--tokens={self.window_tokens} is invalid: must be a multiple of --draft-tokens={self.draft_tokens}"
+            )
+
+
+def is_verify_policy(cfg: PrunerConfig) -> bool:
+    """Policies that choose per request of D draft tokens: measured on verify batches."""
+    return cfg.policy == "xshare-spec" or (cfg.policy == "moe-spec" and cfg.scope == "request")
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+
+    def fmt(self, spec: str, scale: float = 1.0) -> str:
+        return f"{scale * self.mean:{spec}} [{scale * self.low:{spec}}, {scale * self.high:{spec}}]"
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    """One configuration's teacher-forced measures (means over predicted tokens, with intervals)."""
+
+    policy: str
+    params: str
+    batch: str  # "decode R=8" or "verify R=8 D=4"
+    tokens: int
+    kl: Interval
+    top1_agree: Interval
+    nll_delta: Interval
+    experts: float
+    natural_experts: float
+    speedup: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def teacher_forced_logprobs(
+    model, windows: torch.Tensor, cfg: PrunerConfig | None, *, requests: int, step_tokens: int
+) -> tuple[torch.Tensor, list]:
+    """Next-token log-probabilities of every window under ``cfg``, fed ``step_tokens`` tokens per forward.
+
+    Parameters
+    ----------
+    windows : Tensor [W, S + 1]
+        Token ids; position ``s`` predicts token ``s + 1``.
+    cfg : PrunerConfig or None
+        None: the model's own routing.
+    requests : int
+        Windows per batch (the last batch may be smaller).
+    step_tokens : int
+        Tokens each window feeds per forward: 1 (decode) or D (verify; S must be a multiple of D).
+
+    Returns
+    -------
+    logprobs : Tensor [W, S, V] float32
+    stats : list of CallStats
+        The pruned forwards' MoE layer calls.
+    """
+    num_windows, length = windows.shape[0], windows.shape[1] - 1
+    out = []
+    stats = []
+    for start in range(0, num_windows, requests):
+        batch = windows[start : start + requests]
+        past = None
+        parts = []
+        hook_tokens = step_tokens if step_tokens > 1 else 0
+        with RouterHook(model, cfg, verify_tokens=hook_tokens) as hook:
+            for pos in range(0, length, step_tokens):
+                result = model(input_ids=batch[:, pos : pos + step_tokens], past_key_values=past, use_cache=True)
+                past = result.past_key_values
+                parts.append(result.logits.float().log_softmax(dim=-1))
+        stats += [s for s in hook.stats if s.phase in ("decode", "verify")]
+        out.append(torch.cat(parts, dim=1))
+    return torch.cat(out, dim=0), stats
+
+
+def token_measures(reference: torch.Tensor, pruned: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token measures of one configuration against the unpruned reference.
+
+    Parameters
+    ----------
+    reference, pruned : Tensor [W, S, V]
+        Next-token log-probabilities.
+    targets : Tensor [W, S]
+        The true next tokens.
+
+    Returns
+    -------
+    dict of str to Tensor [W, S] float64
+        ``kl``, ``top1_agree`` (0/1), ``nll_delta``.
+    """
+    ref, new = reference.double(), pruned.double()
+    kl = (ref.exp() * (ref - new)).sum(-1).clamp_min(0.0)
+    agree = (reference.argmax(-1) == pruned.argmax(-1)).double()
+    index = targets.unsqueeze(-1)
+    nll_delta = ref.gather(-1, index).squeeze(-1) - new.gather(-1, index).squeeze(-1)
+    return {"kl": kl, "top1_agree": agree, "nll_delta": nll_delta}
+
+
+def bootstrap_interval(values: torch.Tensor, resamples: int, generator: torch.Generator) -> Interval:
+    """Mean of ``values`` [W, S] and its 95% percentile interval, resampling whole windows (rows)."""
+    per_window = values.mean(dim=1)
+    mean = float(per_window.mean())
+    picks = torch.randint(0, per_window.numel(), (resamples, per_window.numel()), generator=generator)
+    means = per_window[picks].mean(dim=1)
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=means.dtype)).tolist()
+    return Interval(mean, low, high)
+
+
+def run_quality(
+    configs: list[PrunerConfig],
+    *,
+    settings: QualitySettings,
+    model_dir: Path | None = None,
+    on_config_done: Callable[[], None] | None = None,
+) -> list[QualityRow]:
+    """Teacher-forced measures of every configuration on the held-out windows (``none`` included).
+
+    Returns one row per configuration, in order.
+    """
+    from .tiny_model import load_tiny_model
+
+    model_dir = Path(model_dir) if model_dir else tiny_model_dir()
+    model, tokenizer = load_tiny_model(model_dir)
+    windows, _ = heldout_windows(model_dir, tokenizer, settings.windows_per_domain, settings.window_tokens)
+    targets = windows[:, 1:]
+    references: dict[int, torch.Tensor] = {}
+    rows = []
+    for cfg in configs:
+        step = settings.draft_tokens if is_verify_policy(cfg) else 1
+        if step not in references:
+            references[step], _ = teacher_forced_logprobs(
+                model, windows, None, requests=settings.requests, step_tokens=step
+            )
+        pruned, stats = teacher_forced_logprobs(model, windows, cfg, requests=settings.requests, step_tokens=step)
+        measures = token_measures(references[step], pruned, targets)
+        generator = torch.Generator().manual_seed(settings.seed)
+        intervals = {name: bootstrap_interval(measures[name], settings.bootstrap, generator) for name in METRICS}
+        activated = sum(s.activated for s in stats)
+        natural = sum(s.natural_activated for s in stats)
+        batch = f"verify R={settings.requests} D={step}" if step > 1 else f"decode R={settings.requests}"
+        rows.append(
+            QualityRow(
+                policy=cfg.policy,
+                params=" ".join(f"{k}={v}" for k, v in cfg.policy_parameters().items()),
+                batch=batch,
+                tokens=int(targets.numel()),
+                experts=activated / max(len(stats), 1),
+                natural_experts=natural / max(len(stats), 1),
+                speedup=modeled_speedup(natural, activated),
+                **intervals,
+            )
+        )
+        if on_config_done is not None:
+            on_config_done()
+    return rows
+
+
+def quality_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
+    """The default comparison: the unpruned model, then two or three operating points per policy."""
+    return [
+        PrunerConfig(policy="none"),
+        PrunerConfig(policy="oea", k0=1),
+        PrunerConfig(policy="oea", k0=2),
+        PrunerConfig(policy="xshare", k0=1, budget=top_k),
+        PrunerConfig(policy="xshare", k0=1, budget=2 * top_k),
+        PrunerConfig(policy="xshare-threshold", k0=1, tau=0.9),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k)),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 4 * top_k)),
+        PrunerConfig(policy="lynx", alpha=2.0, beta=4),
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=top_k, budget=0),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, top_k), scope="request"),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k), scope="request"),
+    ]

@@ -1,0 +1,127 @@
+"""``xshare-sglang quality``: arguments, the table and the files of the teacher-forced comparison."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..config import PrunerConfig
+
+QUALITY_HELP = "teacher-forced quality of every policy on the tiny MoE model: KL, top-1 agreement, NLL change"
+
+COLUMN_NOTES = (
+    (
+        "batch",
+        "how the tokens reach the MoE layers: R requests per decode forward, or R requests x D tokens per "
+        "verify forward (xshare-spec and per-request moe-spec)",
+    ),
+    ("kl", "KL(unpruned || pruned) of the next-token distribution, nats per token, mean [95% interval]"),
+    ("top1_agree", "share of positions where the pruned model's most likely next token is the unpruned one's"),
+    ("nll_delta", "negative log-likelihood of the true next token, pruned minus unpruned, nats per token"),
+    ("experts", "experts one pruned MoE layer call reads, of those the same call reads unpruned"),
+    ("speedup", "unpruned over pruned expert reads (the HBM-bandwidth model of the MoE layers only)"),
+)
+
+
+def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="folder of another Qwen3-MoE checkpoint with held-out files (default: shipped)")
+    parser.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
+    parser.add_argument("--requests", type=int, default=8, help="R, requests per forward (default: %(default)s)")
+    parser.add_argument(
+        "--draft-tokens", type=int, default=4, help="D, tokens per request in verify forwards (default: %(default)s)"
+    )
+    parser.add_argument("--windows", type=int, default=8, help="held-out windows per domain (default: %(default)s)")
+    parser.add_argument(
+        "--tokens", type=int, default=64, help="predicted tokens per window, a multiple of D (default: %(default)s)"
+    )
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
+    parser.add_argument("--json", help="also write every row to this JSON file")
+    parser.add_argument("--plot-dir", help="write the Pareto plot (speed-up against top1_agree) into this folder")
+
+
+def quality_handler(args: argparse.Namespace) -> int:
+    """Validate every argument, then measure, print the table and write the files."""
+    from rich.table import Table
+
+    from .quality import QualitySettings, quality_configs, run_quality
+    from .tiny_model import tiny_model_dir
+
+    settings = QualitySettings(
+        requests=args.requests,
+        draft_tokens=args.draft_tokens,
+        windows_per_domain=args.windows,
+        window_tokens=args.tokens,
+        bootstrap=args.bootstrap,
+    )
+    model_dir = Path(args.model) if args.model else tiny_model_dir()
+    top_k, num_experts = _model_shape(model_dir)
+    if args.configs:
+        from ..cli import _configs_file
+
+        configs = _configs_file(args.configs)
+    else:
+        configs = quality_configs(top_k, num_experts)
+    if configs[0].policy != "none":
+        configs = [PrunerConfig(policy="none"), *configs]
+    if args.json and Path(args.json).is_dir():
+        raise ValueError(f"--json {args.json}: is a folder, expected a file path")
+    if args.plot_dir and Path(args.plot_dir).exists() and not Path(args.plot_dir).is_dir():
+        raise ValueError(f"--plot-dir {args.plot_dir}: is a file, expected a folder")
+
+    from ..cli import _console, _progress
+
+    console = _console()
+    console.print(
+        f"[bold]{model_dir.name}[/bold] (top-{top_k} of {num_experts} experts): {3 * settings.windows_per_domain} "
+        f"held-out windows (code, math, prose) x {settings.window_tokens} tokens, teacher-forced; "
+        f"{len(configs)} configurations"
+    )
+    with _progress(console) as progress:
+        task = progress.add_task("configurations", total=len(configs))
+        rows = run_quality(
+            configs, settings=settings, model_dir=model_dir, on_config_done=lambda: progress.advance(task)
+        )
+    table = Table(title="teacher-forced quality per configuration (means over predicted tokens)", title_justify="left")
+    for column in ("policy", "parameters", "batch", "kl", "top1_agree", "nll_delta", "experts", "speedup"):
+        table.add_column(column, justify="left" if column in ("policy", "parameters", "batch") else "right")
+    for row in rows:
+        table.add_row(
+            row.policy,
+            row.params,
+            row.batch,
+            row.kl.fmt(".4f"),
+            row.top1_agree.fmt(".1f", 100) + "%",
+            row.nll_delta.fmt("+.4f"),
+            f"{row.experts:.1f}/{row.natural_experts:.1f}",
+            f"{row.speedup:.2f}x",
+        )
+    console.print(table)
+    for column, note in COLUMN_NOTES:
+        console.print(f"  {column}: {note}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=2))
+        console.print(f"wrote {args.json}")
+    if args.plot_dir:
+        from .plot import plot_pareto
+
+        out = Path(args.plot_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        panels: dict[str, list[dict]] = {}
+        for row in rows:
+            point = {"label": f"{row.policy} {row.params}", "top1_agree": row.top1_agree.mean, "speedup": row.speedup}
+            panels.setdefault(row.batch, []).append(point)
+        plot = plot_pareto(
+            panels, out / "quality_pareto.png", model_dir.name, x_key="top1_agree", x_label="top-1 agreement (%)"
+        )
+        console.print(f"wrote {plot}")
+    return 0
+
+
+def _model_shape(model_dir: Path) -> tuple[int, int]:
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        num_experts = config.get("num_experts", config.get("num_local_experts"))
+        return int(config["num_experts_per_tok"]), int(num_experts)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"--model {model_dir}: not a Qwen3-MoE checkpoint folder ({exc})") from None

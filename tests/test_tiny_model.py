@@ -139,5 +139,13 @@ def test_demo_quick_end_to_end(tmp_path, capsys) -> None:
     assert xshare["activated"] <= none["activated"]
     for row in rows:
         assert all(1 < ppl < 4096 for ppl in row["perplexity"].values())
+    # teacher-forced measures: the unpruned run is its own reference, pruning costs something
+    assert none["kl"]["high"] < 1e-6 and none["top1_agree"]["mean"] == 1.0
+    for row in (xshare, moe_spec):
+        assert 0 < row["kl"]["low"] <= row["kl"]["mean"] <= row["kl"]["high"]
+        assert row["top1_agree"]["mean"] < 1.0
+    # every column is explained under the table, the free-running agreement labelled secondary
+    for column in ("experts:", "kl:", "top1_agree:", "nll_delta:", "speedup:", "greedy agree*: secondary"):
+        assert column in printed
     assert (tmp_path / "demo_pareto.png").read_bytes()[:4] == b"\x89PNG"
     assert load_trace(tmp_path / "tiny_moe.decode.trace.pt").meta.num_experts == 32

@@ -34,7 +34,6 @@ import torch
 
 from ..config import PrunerConfig
 from .cost import modeled_speedup
-from .tiny_demo import heldout_windows
 from .tiny_model import RouterHook, tiny_model_dir
 
 logger = logging.getLogger(__name__)
@@ -99,8 +98,8 @@ class Interval:
     low: float
     high: float
 
-    def fmt(self, spec: str, scale: float = 1.0) -> str:
-        return f"{scale * self.mean:{spec}} [{scale * self.low:{spec}}, {scale * self.high:{spec}}]"
+    def fmt(self, spec: str, scale: float = 1.0, sep: str = ", ") -> str:
+        return f"{scale * self.mean:{spec}} [{scale * self.low:{spec}}{sep}{scale * self.high:{spec}}]"
 
 
 @dataclass(frozen=True)
@@ -207,6 +206,7 @@ def run_quality(
 
     Returns one row per configuration, in order.
     """
+    from .tiny_demo import heldout_windows
     from .tiny_model import load_tiny_model
 
     model_dir = Path(model_dir) if model_dir else tiny_model_dir()

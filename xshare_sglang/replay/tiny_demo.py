@@ -1,10 +1,13 @@
-"""The demo: batched greedy decoding with the tiny MoE model under every policy.
+"""The demo: the tiny MoE model under every policy, teacher-forced and free-running.
 
-For each policy the model decodes one batch of prompts from three domains (code, math, prose) and
-scores held-out text of each domain one token per step (so every MoE call is a decode batch with
-rows from all domains, as in a server).  Reported per policy: experts activated per decode layer
-call, retained gating mass, agreement of the generated tokens with unpruned decoding, held-out
-perplexity per domain, and the bandwidth model's MoE speed-up.
+For each policy the model reads held-out text of three domains (code, math, prose) one token per
+step in decode batches of ``requests`` rows drawn from all domains, as a server batches requests,
+and is compared position by position with the unpruned model on the same prefixes (KL of the
+next-token distribution, top-1 agreement, NLL change; see :mod:`.quality`).  It also decodes one batch
+of prompts greedily; agreement of those tokens with unpruned decoding is a secondary column: one
+flipped token changes the rest of a continuation, so it mostly measures how thin the tiny model's
+margins are.  Reported per policy as well: experts activated per decode layer call, retained gating
+mass, held-out perplexity per domain, and the bandwidth model's MoE speed-up.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from ..config import PrunerConfig
 from .cost import modeled_speedup
+from .quality import Interval
 from .tiny_model import DOMAINS, RouterHook, tiny_model_dir
 from .trace import Trace
 
@@ -33,10 +37,14 @@ class DemoSettings:
     new_tokens: int = 40
     windows_per_domain: int = 8
     window_tokens: int = 64
+    requests: int = 24  # held-out windows read per decode forward (all of them by default)
+    bootstrap: int = 1000
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(prompts_per_domain=2, new_tokens=16, windows_per_domain=4, window_tokens=32)
+        return cls(
+            prompts_per_domain=2, new_tokens=16, windows_per_domain=4, window_tokens=32, requests=12, bootstrap=200
+        )
 
 
 def demo_configs(top_k: int, num_experts: int, *, quick: bool = False) -> list[PrunerConfig]:
@@ -69,6 +77,9 @@ class DemoRow:
     baseline_activated: float
     kept: float
     retained_mass: float
+    kl: Interval
+    top1_agree: Interval
+    nll_delta: Interval
     token_agreement: float
     prefix_kept: float
     perplexity: dict[str, float]
@@ -120,20 +131,6 @@ def greedy_generate(model, tokenizer, prompts: list[str], new_tokens: int) -> to
     return out[:, enc["input_ids"].shape[1] :]
 
 
-@torch.no_grad()
-def decode_nll(model, windows: torch.Tensor) -> torch.Tensor:
-    """Score windows [B, S+1] one token per forward (a decode batch of B rows each step).
-    Returns the summed negative log-likelihood of each row's last S tokens, [B] float64."""
-    past = None
-    nll = torch.zeros(windows.shape[0], dtype=torch.float64)
-    for t in range(windows.shape[1] - 1):
-        out = model(input_ids=windows[:, t : t + 1], past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        logprobs = out.logits[:, -1].float().log_softmax(dim=-1)
-        nll -= logprobs.gather(1, windows[:, t + 1 : t + 2]).squeeze(1).double()
-    return nll
-
-
 def run_demo(
     configs: list[PrunerConfig],
     *,
@@ -147,12 +144,15 @@ def run_demo(
     With ``trace_path``, the router logits of the first config's generation are recorded there as an
     ``xshare-trace`` (requests labelled by domain).
     """
+    from .quality import METRICS, bootstrap_interval, teacher_forced_logprobs, token_measures
     from .tiny_model import load_tiny_model
 
     model_dir = Path(model_dir) if model_dir else tiny_model_dir()
     model, tokenizer = load_tiny_model(model_dir)
     prompts, prompt_domains = demo_prompts(model_dir, settings.prompts_per_domain)
     windows, window_domains = heldout_windows(model_dir, tokenizer, settings.windows_per_domain, settings.window_tokens)
+    targets = windows[:, 1:]
+    unpruned, _ = teacher_forced_logprobs(model, windows, None, requests=settings.requests, step_tokens=1)
     reference = None
     rows = []
     for index, cfg in enumerate(configs):
@@ -162,12 +162,16 @@ def run_demo(
             if record:
                 hook.trace("tiny-moe").save(trace_path)
                 logger.info("recorded %d router calls to %s", len(hook.calls), trace_path)
-            nll = decode_nll(model, windows)
-        stats = hook.decode_stats()
+        logprobs, stats = teacher_forced_logprobs(model, windows, cfg, requests=settings.requests, step_tokens=1)
+        stats = hook.decode_stats() + stats
+        measures = token_measures(unpruned, logprobs, targets)
+        generator = torch.Generator().manual_seed(0)
+        intervals = {name: bootstrap_interval(measures[name], settings.bootstrap, generator) for name in METRICS}
         if reference is None:
             reference = tokens
         same = tokens == reference
         prefix = same.long().cumprod(dim=1).sum(dim=1).float() / same.shape[1]
+        nll = -logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).double().sum(dim=1)
         perplexity = {
             domain: math.exp(
                 float(sum(nll[i] for i, d in enumerate(window_domains) if d == domain))
@@ -186,6 +190,7 @@ def run_demo(
                 baseline_activated=baseline / len(stats),
                 kept=sum(s.kept for s in stats) / len(stats),
                 retained_mass=sum(s.retained_mass for s in stats) / len(stats),
+                **intervals,
                 token_agreement=float(same.float().mean()),
                 prefix_kept=float(prefix.mean()),
                 perplexity=perplexity,

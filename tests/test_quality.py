@@ -58,7 +58,7 @@ def rows():
         PrunerConfig(policy="xshare", k0=1, budget=8),
         PrunerConfig(policy="xshare-spec", k0=1, request_budget=4, budget=0),
     ]
-    return run_quality(configs, settings=SMALL)
+    return run_quality(configs, settings=SMALL).rows
 
 
 def test_unpruned_is_its_own_reference(rows) -> None:
@@ -129,10 +129,17 @@ def test_cli_writes_json_and_plot(tmp_path) -> None:
         ]
     )
     assert code == 0
-    rows = json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    rows, routing = report["rows"], report["routing"]
     assert [r["policy"] for r in rows] == ["none", "xshare"]  # the unpruned reference is always measured
     assert set(rows[1]) >= {"kl", "top1_agree", "nll_delta", "experts", "speedup"}
     assert (tmp_path / "plots" / "quality_pareto.png").stat().st_size > 0
+    # the routing profile: 4 layers, entropy below uniform, a verify batch of 3 x 4 tokens reads
+    # more than one token's top-4 and no more than all 32 experts or the 12 x 4 picks
+    assert report["model"] == "tiny_moe" and len(routing["entropy"]) == len(routing["union"]) == 4
+    assert all(0 < h < math.log(32) for h in routing["entropy"])
+    assert all(4 < u <= min(32, 12 * 4) for u in routing["union"])
+    assert routing["uniform_union"] == pytest.approx(32 * (1 - (1 - 4 / 32) ** 12))
 
 
 @pytest.mark.parametrize(

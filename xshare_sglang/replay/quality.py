@@ -142,7 +142,7 @@ def teacher_forced_logprobs(
     -------
     logprobs : Tensor [W, S, V] float32
     stats : list of CallStats
-        The pruned forwards' MoE layer calls.
+        The MoE layer calls of the forwards (decode, or verify when ``step_tokens`` > 1).
     """
     num_windows, length = windows.shape[0], windows.shape[1] - 1
     out = []
@@ -195,17 +195,72 @@ def bootstrap_interval(values: torch.Tensor, resamples: int, generator: torch.Ge
     return Interval(mean, low, high)
 
 
+@dataclass(frozen=True)
+class RoutingProfile:
+    """How much the model's own routing leaves a pruner to do, measured on verify batches (R x D).
+
+    Attributes
+    ----------
+    entropy : list of float
+        Per layer, the router softmax's mean entropy in nats (ln E = uniform).
+    union : list of float
+        Per layer, mean distinct experts one unpruned R x D layer call reads.
+    uniform_union : float
+        What independent uniform top-k picks would give: ``E (1 - (1 - k/E) ** (R D))``.
+    """
+
+    num_experts: int
+    top_k: int
+    requests: int
+    draft_tokens: int
+    entropy: list[float]
+    union: list[float]
+    uniform_union: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    model: str
+    rows: list[QualityRow]
+    routing: RoutingProfile
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "routing": self.routing.as_dict(), "rows": [r.as_dict() for r in self.rows]}
+
+
+def routing_profile(model, windows: torch.Tensor, settings: QualitySettings) -> RoutingProfile:
+    """Per-layer router entropy and expert union of the unpruned model on R x D verify batches."""
+    _, stats = teacher_forced_logprobs(
+        model, windows, None, requests=settings.requests, step_tokens=settings.draft_tokens
+    )
+    full = settings.requests * settings.draft_tokens
+    layers = sorted({s.layer for s in stats})
+    entropy = []
+    union = []
+    for layer in layers:
+        calls = [s for s in stats if s.layer == layer]
+        entropy.append(sum(s.entropy for s in calls) / len(calls))
+        whole = [s for s in calls if s.rows == full] or calls
+        union.append(sum(s.natural_activated for s in whole) / len(whole))
+    cfg = model.config
+    num_experts = int(getattr(cfg, "num_experts", None) or cfg.num_local_experts)
+    top_k = int(cfg.num_experts_per_tok)
+    uniform = num_experts * (1 - (1 - top_k / num_experts) ** full)
+    return RoutingProfile(num_experts, top_k, settings.requests, settings.draft_tokens, entropy, union, uniform)
+
+
 def run_quality(
     configs: list[PrunerConfig],
     *,
     settings: QualitySettings,
     model_dir: Path | None = None,
     on_config_done: Callable[[], None] | None = None,
-) -> list[QualityRow]:
-    """Teacher-forced measures of every configuration on the held-out windows (``none`` included).
-
-    Returns one row per configuration, in order.
-    """
+) -> QualityReport:
+    """Teacher-forced measures of every configuration on the held-out windows (``none`` included),
+    one row per configuration in order, and the unpruned model's routing profile."""
     from .tiny_demo import heldout_windows
     from .tiny_model import load_tiny_model
 
@@ -242,7 +297,7 @@ def run_quality(
         )
         if on_config_done is not None:
             on_config_done()
-    return rows
+    return QualityReport(model_dir.name, rows, routing_profile(model, windows, settings))
 
 
 def quality_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:

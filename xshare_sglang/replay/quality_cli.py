@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from ..config import PrunerConfig
@@ -79,9 +80,11 @@ def quality_handler(args: argparse.Namespace) -> int:
     )
     with _progress(console) as progress:
         task = progress.add_task("configurations", total=len(configs))
-        rows = run_quality(
+        report = run_quality(
             configs, settings=settings, model_dir=model_dir, on_config_done=lambda: progress.advance(task)
         )
+    rows, routing = report.rows, report.routing
+
     table = Table(title="teacher-forced quality per configuration (means over predicted tokens)", title_justify="left")
     for column in ("policy", "parameters", "batch", "kl", "top1_agree", "nll_delta", "experts", "speedup"):
         table.add_column(column, justify="left" if column in ("policy", "parameters", "batch") else "right")
@@ -97,10 +100,17 @@ def quality_handler(args: argparse.Namespace) -> int:
             f"{row.speedup:.2f}x",
         )
     console.print(table)
+    console.print(
+        f"routing of the unpruned model on verify batches of R={routing.requests} x D={routing.draft_tokens}: "
+        f"router entropy per layer {', '.join(f'{h:.2f}' for h in routing.entropy)} nats "
+        f"(uniform: ln {routing.num_experts} = {math.log(routing.num_experts):.2f}); experts read per layer call "
+        f"{', '.join(f'{u:.1f}' for u in routing.union)} of {routing.num_experts} (independent uniform picks: "
+        f"{routing.uniform_union:.1f})"
+    )
     for column, note in COLUMN_NOTES:
         console.print(f"  {column}: {note}")
     if args.json:
-        Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=2))
+        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2))
         console.print(f"wrote {args.json}")
     if args.plot_dir:
         from .plot import plot_pareto

@@ -92,6 +92,7 @@ class CallStats:
     activated: int
     kept: int
     retained_mass: float
+    entropy: float = 0.0  # mean over rows of the router's softmax entropy, nats
 
 
 @dataclass
@@ -188,6 +189,7 @@ class RouterHook:
                 activated=int(torch.unique(used).numel()),
                 kept=int(keep.sum()),
                 retained_mass=float(kept_mass / natural_mass) if natural_mass > 0 else 1.0,
+                entropy=float(-(scores.softmax(-1) * scores.log_softmax(-1)).sum(-1).mean()) if len(scores) else 0.0,
             )
         )
         return logits, routed_weights, routed_ids

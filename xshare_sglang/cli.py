@@ -89,13 +89,13 @@ def _demo(args: argparse.Namespace) -> int:
 
     from .replay.plot import plot_pareto
     from .replay.tiny_demo import DemoSettings, demo_configs, run_demo
-    from .replay.tiny_model import tiny_model_dir
+    from .replay.tiny_model import model_dir_arg
 
     console = _console()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = DemoSettings.quick() if args.quick else DemoSettings()
-    model_dir = Path(args.model) if args.model else tiny_model_dir()
+    model_dir = model_dir_arg(args.model)
     try:
         model_config = json.loads((model_dir / "config.json").read_text())
         # transformers 5 writes Qwen3-MoE's expert count as num_local_experts
@@ -369,7 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="decode with the shipped tiny MoE model under every policy")
     demo.add_argument("--quick", action="store_true", help="three policies, short prompts (under 30 s)")
     demo.add_argument("--out", default="xshare-demo", help="folder for the plot, JSON and trace (default: %(default)s)")
-    demo.add_argument("--model", help="folder of another Qwen3-MoE checkpoint to use (default: the shipped one)")
+    demo.add_argument(
+        "--model",
+        help="a shipped model, tiny (32 experts, top-4; the default) or e128 (128 experts, top-8), or the folder "
+        "of a Qwen3-MoE checkpoint with heldout_{code,math,prose}.jsonl",
+    )
     demo.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
     demo.set_defaults(handler=_demo)
 

@@ -26,7 +26,11 @@ COLUMN_NOTES = (
 
 
 def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="folder of another Qwen3-MoE checkpoint with held-out files (default: shipped)")
+    parser.add_argument(
+        "--model",
+        help="a shipped model, tiny (32 experts, top-4; the default) or e128 (128 experts, top-8), or the folder "
+        "of a Qwen3-MoE checkpoint with heldout_{code,math,prose}.jsonl",
+    )
     parser.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
     parser.add_argument("--requests", type=int, default=8, help="R, requests per forward (default: %(default)s)")
     parser.add_argument(
@@ -46,7 +50,7 @@ def quality_handler(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .quality import QualitySettings, quality_configs, run_quality
-    from .tiny_model import tiny_model_dir
+    from .tiny_model import model_dir_arg
 
     settings = QualitySettings(
         requests=args.requests,
@@ -55,7 +59,7 @@ def quality_handler(args: argparse.Namespace) -> int:
         window_tokens=args.tokens,
         bootstrap=args.bootstrap,
     )
-    model_dir = Path(args.model) if args.model else tiny_model_dir()
+    model_dir = model_dir_arg(args.model)
     top_k, num_experts = _model_shape(model_dir)
     if args.configs:
         from ..cli import _configs_file

@@ -26,9 +26,23 @@ logger = logging.getLogger(__name__)
 DOMAINS = ("code", "math", "prose")
 
 
-def tiny_model_dir() -> Path:
-    """Folder of the tiny model shipped in the package."""
-    return Path(str(resources.files("xshare_sglang") / "data" / "tiny_moe"))
+#: The shipped tiny models by name: the demo model (32 experts, top-4) and one routed like Qwen3-MoE
+#: (128 experts, top-8).
+SHIPPED_MODELS = {"tiny": "tiny_moe", "e128": "tiny_moe_e128"}
+
+
+def tiny_model_dir(name: str = "tiny") -> Path:
+    """Folder of a tiny model shipped in the package (``name`` in :data:`SHIPPED_MODELS`)."""
+    return Path(str(resources.files("xshare_sglang") / "data" / SHIPPED_MODELS[name]))
+
+
+def model_dir_arg(value: str | None) -> Path:
+    """``--model``: a shipped model's name (tiny, e128) or a checkpoint folder; the demo model by default."""
+    if value is None:
+        return tiny_model_dir()
+    if value in SHIPPED_MODELS:
+        return tiny_model_dir(value)
+    return Path(value)
 
 
 def load_tiny_model(path: str | Path | None = None):

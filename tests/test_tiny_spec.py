@@ -27,6 +27,7 @@ from xshare_sglang.replay.tiny_spec import (
     greedy_reference,
     last_logits,
     model_probs,
+    policy_label,
     speculative_generate,
     verify_forward,
     vote_layout,
@@ -287,6 +288,66 @@ def test_spec_eval_cli_quick_end_to_end(tmp_path, draft_dir) -> None:
     records = (out / "echo_log.jsonl").read_text().splitlines()
     assert len(records) == result["calibration_runs"][0]["steps"]
     assert len(json.loads(records[0])["confidence"]) == 3
+    # acceptance under pruned verify, one row per verify policy, against the static run's trees
+    pruned = result["pruned_verify"]
+    assert [r["policy"].split()[0] for r in pruned] == ["xshare-spec", "xshare-spec", "moe-spec", "moe-spec", "lynx"]
+    for row in pruned:
+        assert row["k_max"] == 12 and row["unpruned_steps"] == result["runs"][0]["steps"]
+        for key in ("accept_len", "unpruned_accept_len"):
+            assert 0 <= row[key]["low"] <= row[key]["mean"] <= row[key]["high"] <= 5
+        assert row["unpruned_accept_len"]["mean"] == pytest.approx(result["runs"][0]["mat"])
+        assert 0 < row["experts"] <= row["unpruned_experts"] + 1e-9 or row["policy"].startswith("lynx")
+
+
+def test_pruned_verify_routes_tree_rows_inside_each_requests_set(target) -> None:
+    """The verify hook prunes exactly the tree rows: one expert per request (moe-spec, per request,
+    budget 1), the union read by the layer call; context and padding rows keep the model's routing."""
+    from xshare_sglang.replay.tiny_model import routers
+    from xshare_sglang.replay.tiny_spec import _prune_tree_rows
+
+    router = routers(target[0])[0]
+    gen = torch.Generator().manual_seed(0)
+    width, num_experts, top_k = 9, router.num_experts, router.top_k
+    logits = torch.randn(2 * width, num_experts, generator=gen)
+    weights, ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
+    rows = [torch.arange(3, 7), torch.arange(5, 8) + width]  # request 0: 4 tree rows, request 1: 3
+    cfg = PrunerConfig(policy="moe-spec", max_experts=1, scope="request")
+    _, new_weights, new_ids = _prune_tree_rows(router, 0, (logits, weights, ids), rows, cfg, None, 4)
+    tree = torch.cat(rows)
+    others = torch.ones(2 * width, dtype=torch.bool)
+    others[tree] = False
+    assert torch.equal(new_ids[others], ids[others]) and torch.equal(new_weights[others], weights[others])
+    # each request alone picks one expert; the layer call reads their union, and every tree row is
+    # routed inside it (renormalized), so requests must have been grouped as laid out
+    from xshare_sglang import select_experts_mask
+
+    chosen = set()
+    for r in rows:
+        alone = select_experts_mask(logits[r], cfg, top_k=top_k, tokens_per_request=r.numel())
+        assert int(alone.sum()) == 1
+        chosen |= set(torch.nonzero(alone).flatten().tolist())
+    used = new_ids[tree][new_ids[tree] < num_experts]
+    assert set(used.unique().tolist()) == chosen and len(chosen) <= 2
+    assert torch.allclose(new_weights[tree].sum(-1), torch.ones(tree.numel()))
+
+
+def test_pruned_verify_changes_acceptance_not_the_unpruned_run(target, draft, prompts, reference) -> None:
+    settings = SpecSettings(num_steps=4, topk=3, num_draft_tokens=6, new_tokens=8)
+    common = dict(mode="static", k_max=5 * len(prompts))
+    plain = speculative_generate(target[0], model_probs(draft), prompts, settings, **common)
+    none = speculative_generate(
+        target[0], model_probs(draft), prompts, settings, verify_cfg=PrunerConfig(policy="none"), **common
+    )
+    assert none.outputs == plain.outputs and none.accepted_by_request == plain.accepted_by_request
+    assert sum(plain.accepted_by_request) == plain.accepted
+    tight = PrunerConfig(policy="moe-spec", max_experts=1, scope="request")
+    pruned = speculative_generate(
+        target[0], model_probs(draft), prompts, settings, verify_cfg=tight, configs=[tight], **common
+    )
+    # one expert per request instead of top-4: the pruned target is another model, and a verify layer
+    # call reads at most one expert per request (4 requests)
+    assert pruned.outputs != plain.outputs
+    assert pruned.activated[policy_label(tight)] <= 4 * pruned.layer_calls
 
 
 def test_spec_settings_are_validated_once() -> None:

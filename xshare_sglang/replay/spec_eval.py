@@ -10,7 +10,10 @@ half of each domain's texts calibrates, the rest evaluates.
 2. evaluation: for every per-request budget b (``k_max = b x R``), static, echo and echo-ragged
    (:mod:`.tiny_spec`) on the same evaluation batch: accepted draft tokens per request and step
    (MAT), draft utilisation, verified nodes, the experts each verify policy would activate, and
-   whether the output equals the target's own greedy decoding (``spec_eval.json``).
+   whether the output equals the target's own greedy decoding (``spec_eval.json``);
+3. acceptance under pruned verify: the first budget's static trees verified by a target whose verify
+   forward each verify policy prunes (:func:`pruned_verify_configs`), accepted length per request and
+   step with a bootstrap interval over requests, against the same trees verified unpruned.
 """
 
 from __future__ import annotations
@@ -58,12 +61,32 @@ class SpecEvalSettings:
 
 
 def spec_eval_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
-    """The verify policies compared (activated experts only; the verify forward is never pruned)."""
+    """The verify policies whose activated experts the ECHO runs report (their verify is unpruned)."""
     return [
         PrunerConfig(policy="none"),
         PrunerConfig(policy="xshare-spec", k0=1, request_budget=1, budget=0),
         PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k), scope="request"),
     ]
+
+
+def pruned_verify_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
+    """The verify policies whose pruned verify forwards are run: acceptance against the unpruned verify."""
+    return [
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=1, budget=0),
+        PrunerConfig(policy="xshare-spec", k0=1, request_budget=top_k, budget=0),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, top_k), scope="request"),
+        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k), scope="request"),
+        PrunerConfig(policy="lynx", alpha=2.0, beta=4),
+    ]
+
+
+def acceptance_interval(run: SpecRun, resamples: int = 1000, seed: int = 0) -> dict:
+    """Mean accepted draft tokens per request and step, with a 95% bootstrap interval over requests."""
+    from .quality import bootstrap_interval
+
+    per_request = torch.tensor(run.accepted_by_request, dtype=torch.float64)[:, None] / max(run.steps, 1)
+    interval = bootstrap_interval(per_request, resamples, torch.Generator().manual_seed(seed))
+    return {"mean": interval.mean, "low": interval.low, "high": interval.high}
 
 
 def _prompt(text: str) -> str:
@@ -149,6 +172,38 @@ def run_spec_eval(
             runs.append((run, prompts))
             if on_run:
                 on_run(run)
+    # acceptance under pruned verify: the first budget's static trees, the target's verify forward
+    # pruned by each verify policy, against the same trees verified unpruned
+    budget = settings.budgets[0]
+    baseline = next(run for run, _ in runs if run.mode == "static" and run.k_max == budget * r)
+    none_label = policy_label(PrunerConfig())
+    pruned_verify = []
+    for verify_cfg in pruned_verify_configs(cfg.num_experts_per_tok, cfg.num_experts):
+        run = speculative_generate(
+            target,
+            next_probs,
+            prompts,
+            spec,
+            mode="static",
+            k_max=budget * r,
+            configs=[verify_cfg],
+            verify_cfg=verify_cfg,
+        )
+        run.mode = f"static, verify pruned by {verify_cfg.policy}"
+        if on_run:
+            on_run(run)
+        pruned_verify.append(
+            {
+                "policy": policy_label(verify_cfg),
+                "k_max": budget * r,
+                "accept_len": acceptance_interval(run),
+                "unpruned_accept_len": acceptance_interval(baseline),
+                "experts": run.activated[policy_label(verify_cfg)] / max(run.layer_calls, 1),
+                "unpruned_experts": baseline.activated[none_label] / max(baseline.layer_calls, 1),
+                "steps": run.steps,
+                "unpruned_steps": baseline.steps,
+            }
+        )
     # one greedy reference per prompt batch, as long as the longest output
     references: dict[int, list[list[int]]] = {}
     for run, batch_prompts in runs:
@@ -165,6 +220,7 @@ def run_spec_eval(
         "calibration": calibration.to_dict(),
         "calibration_runs": [run.summary() for run, _ in runs[: settings.calibration_batches]],
         "runs": [run.summary() for run, _ in runs[settings.calibration_batches :]],
+        "pruned_verify": pruned_verify,
         "seconds": time.perf_counter() - started,
     }
     (out / "spec_eval.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -226,6 +282,29 @@ def _runs_table(result: dict):
     return table
 
 
+def _pruned_verify_table(result: dict):
+    from rich.table import Table
+
+    table = Table(
+        title="acceptance under pruned verify: the same static trees, the target's verify forward pruned "
+        "(accept_len = accepted draft tokens per request and step, mean [95% interval over requests])",
+        title_justify="left",
+    )
+    for column in ("verify policy", "k_max", "accept_len", "unpruned accept_len", "experts", "steps"):
+        table.add_column(column, justify="left" if column == "verify policy" else "right", no_wrap=True)
+    for row in result["pruned_verify"]:
+        fmt = lambda a: f"{a['mean']:.3f} [{a['low']:.3f}, {a['high']:.3f}]"  # noqa: E731
+        table.add_row(
+            row["policy"],
+            str(row["k_max"]),
+            fmt(row["accept_len"]),
+            fmt(row["unpruned_accept_len"]),
+            f"{row['experts']:.1f}/{row['unpruned_experts']:.1f}",
+            f"{row['steps']}/{row['unpruned_steps']}",
+        )
+    return table
+
+
 def spec_eval_handler(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -261,6 +340,7 @@ def spec_eval_handler(args: argparse.Namespace) -> int:
     result, calibration = run_spec_eval(settings, out, model_dir=args.model, draft_dir=args.draft, on_run=progress)
     console.print(calibration_table(calibration))
     console.print(_runs_table(result))
+    console.print(_pruned_verify_table(result))
     console.print(
         "MAT = accepted draft tokens per request and step (bonus excluded); utilization = accepted / depth of the "
         "verified tree (deepest kept node); kept nodes / slots = draft nodes verified per step in the batch (slots "

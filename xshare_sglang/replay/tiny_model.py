@@ -95,6 +95,16 @@ def routers(model) -> list[torch.nn.Module]:
     return found
 
 
+def hf_routing(router, scores: torch.Tensor, keep: torch.Tensor, coverage: str, dtype: torch.dtype):
+    """Ids and weights of rows ``scores`` [T, E] routed inside ``keep`` [E], in the layout the
+    transformers router returns (int64 ids [T, k], a dropped slot as the out-of-range index E, which
+    transformers' reference expert loop skips; weights [T, k] in ``dtype``)."""
+    ids, weights = route_within(scores, keep, top_k=router.top_k, coverage=coverage, renormalize=router.norm_topk_prob)
+    ids = ids.long()
+    ids = torch.where(ids >= 0, ids, torch.full_like(ids, router.num_experts))
+    return ids, weights.to(dtype)
+
+
 @dataclass
 class CallStats:
     """One hooked router call."""
@@ -184,13 +194,7 @@ class RouterHook:
         else:
             per_request = self.verify_tokens if self.phase == "verify" else 1
             keep = select_experts_mask(scores, self.cfg, top_k=top_k, tokens_per_request=per_request, layer_id=layer)
-            routed_ids, routed_weights = route_within(
-                scores, keep, top_k=top_k, coverage=self.cfg.coverage, renormalize=router.norm_topk_prob
-            )
-            routed_ids = routed_ids.long()
-            # HF's reference expert loop skips the index num_experts: that is where dropped slots go
-            routed_ids = torch.where(routed_ids >= 0, routed_ids, torch.full_like(routed_ids, num_experts))
-            routed_weights = routed_weights.to(weights.dtype)
+            routed_ids, routed_weights = hf_routing(router, scores, keep, self.cfg.coverage, weights.dtype)
         used = routed_ids[routed_ids < num_experts]
         natural_mass = weights.float().sum()
         kept_mass = (weights.float() * keep[natural]).sum()

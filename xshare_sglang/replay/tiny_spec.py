@@ -42,7 +42,7 @@ from ..spec.echo import (
     static_slots,
     verify_slots,
 )
-from .tiny_model import routers
+from .tiny_model import hf_routing, routers
 
 MODES = ("static", "echo", "echo-ragged")
 NextProbs = Callable[[list[list[int]]], torch.Tensor]
@@ -210,9 +210,21 @@ def build_tree(candidates: DraftCandidates, request: int, nodes: TreeNodes) -> V
 
 @torch.no_grad()
 def verify_forward(
-    model, contexts: Sequence[Sequence[int]], trees: Sequence[VerifyTree]
+    model,
+    contexts: Sequence[Sequence[int]],
+    trees: Sequence[VerifyTree],
+    *,
+    prune: PrunerConfig | None = None,
+    votes: Sequence[torch.Tensor] | None = None,
+    rows_per_request: int | None = None,
 ) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
     """One target forward over every request's context and verify tree (4D tree mask).
+
+    With ``prune``, every MoE layer routes the tree rows (root and nodes, the rows a server's verify
+    forward holds) inside the keep mask the policy chooses from them, laid out request-major with
+    ``rows_per_request`` rows per request (default: the widest tree) and vote weights ``votes``
+    (``[R]`` tensors ``[1 + n]``; 0 for cut nodes).  Context rows keep the model's routing: in a
+    server they would come from the KV cache.
 
     Returns the target's argmax at every tree row (``[R][1 + n]``) and the router logits of the
     tree rows per layer (``[L][R]`` tensors ``[1 + n, E]``).
@@ -236,21 +248,47 @@ def verify_forward(
                 allowed[b, row, n_ctx + p - 1] = True
                 p = tree.parent[p - 1]
     mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    rows = [torch.arange(len(c) - 1, lengths[b]) + b * width for b, c in enumerate(contexts)]
     captured: list[torch.Tensor] = []
-    handles = [r.register_forward_hook(lambda m, i, out: captured.append(out[0].detach())) for r in routers(model)]
+
+    def hook(layer: int):
+        def route(router, inputs, output):
+            captured.append(output[0].detach())
+            if prune is None:
+                return None
+            return _prune_tree_rows(router, layer, output, rows, prune, votes, rows_per_request)
+
+        return route
+
+    handles = [r.register_forward_hook(hook(layer)) for layer, r in enumerate(routers(model))]
     try:
         hidden = model.base_model(input_ids=ids, position_ids=positions, attention_mask=mask[:, None])
     finally:
         for handle in handles:
             handle.remove()
-    argmax, rows = [], []
+    argmax = []
     for b, context in enumerate(contexts):
-        start = len(context) - 1
-        tree_hidden = hidden.last_hidden_state[b, start : lengths[b]]
+        tree_hidden = hidden.last_hidden_state[b, len(context) - 1 : lengths[b]]
         argmax.append(model.get_output_embeddings()(tree_hidden).argmax(dim=-1).tolist())
-        rows.append(torch.arange(start, lengths[b]) + b * width)
     router_rows = [[layer[r].float() for r in rows] for layer in captured]
     return argmax, router_rows
+
+
+def _prune_tree_rows(router, layer: int, output, rows, cfg: PrunerConfig, votes, rows_per_request):
+    """The router's output with the tree rows routed inside the policy's keep mask."""
+    logits, weights, ids = output
+    tree_logits = [logits[r].float() for r in rows]
+    if votes is None:
+        votes = [torch.ones(r.numel()) for r in rows]
+    layout, layout_votes, width = vote_layout(tree_logits, votes, rows_per_request)
+    keep = select_experts_mask(
+        layout, cfg, top_k=router.top_k, tokens_per_request=width, token_weights=layout_votes, layer_id=layer
+    )
+    flat = torch.cat(rows)
+    tree_ids, tree_weights = hf_routing(router, logits[flat].float(), keep, cfg.coverage, weights.dtype)
+    ids, weights = ids.clone(), weights.clone()
+    ids[flat], weights[flat] = tree_ids.to(ids.dtype), tree_weights
+    return logits, weights, ids
 
 
 def accept(tree: VerifyTree, argmax: Sequence[int]) -> tuple[list[int], int]:
@@ -353,6 +391,7 @@ class SpecRun:
     layer_calls: int = 0
     activated: dict[str, int] = field(default_factory=dict)
     exact: bool | None = None
+    accepted_by_request: list[int] = field(default_factory=list)  # accepted draft tokens per request
 
     @property
     def mat(self) -> float:
@@ -393,14 +432,19 @@ def speculative_generate(
     calibration: EchoCalibration | None = None,
     configs: Sequence[PrunerConfig] = (),
     log: Callable[[str], None] | None = None,
+    verify_cfg: PrunerConfig | None = None,
 ) -> SpecRun:
     """Decode every prompt until each has ``settings.new_tokens`` tokens, all requests in one batch
     throughout (finished ones keep decoding, as in a full server); ``log`` receives one ECHO log
-    line (JSON) per verify step."""
+    line (JSON) per verify step.  With ``verify_cfg`` the target's verify forwards are pruned by
+    that policy (see :func:`verify_forward`); the output is then the pruned model's, not the
+    target's greedy decoding."""
     d = settings.num_draft_tokens
     k_max = (d - 1) * len(prompts) if k_max is None else k_max
     top_k = target.config.num_experts_per_tok
     run = SpecRun(mode, k_max, outputs=[[] for _ in prompts], activated={policy_label(c): 0 for c in configs})
+    run.accepted_by_request = [0] * len(prompts)
+    fixed = d if mode == "echo" else None
     contexts = [list(p) for p in prompts]
     while min(map(len, run.outputs)) < settings.new_tokens:
         draft = draft_tree(next_probs, contexts, settings.num_steps, settings.topk).candidates
@@ -414,10 +458,14 @@ def speculative_generate(
             max_width=settings.max_width,
         )
         trees = [build_tree(draft, r, nodes) for r, nodes in enumerate(chosen)]
-        argmax, router_rows = verify_forward(target, contexts, trees)
+        weights = [torch.tensor([1.0] + [float(k) for k in t.kept]) for t in trees]
+        argmax, router_rows = verify_forward(
+            target, contexts, trees, prune=verify_cfg, votes=weights, rows_per_request=fixed
+        )
         accepted_lengths = []
         for r, tree in enumerate(trees):
             accepted, bonus = accept(tree, argmax[r])
+            run.accepted_by_request[r] += len(accepted)
             contexts[r] += [*accepted, bonus]
             run.outputs[r] += [*accepted, bonus]
             accepted_lengths.append(len(accepted))
@@ -436,8 +484,6 @@ def speculative_generate(
                 accepted=accepted_lengths,
             )
             log(record.to_json())
-        weights = [torch.tensor([1.0] + [float(k) for k in t.kept]) for t in trees]
-        fixed = d if mode == "echo" else None
         for layer_rows in router_rows:
             logits, votes, width = vote_layout(layer_rows, weights, fixed)
             run.layer_calls += 1

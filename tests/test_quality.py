@@ -19,6 +19,7 @@ from xshare_sglang.replay.quality import (
     teacher_forced_logprobs,
     token_measures,
 )
+from xshare_sglang.replay.spec_eval import default_draft_dir
 from xshare_sglang.replay.tiny_demo import heldout_windows
 from xshare_sglang.replay.tiny_model import load_tiny_model, tiny_model_dir
 
@@ -58,7 +59,7 @@ def rows():
         PrunerConfig(policy="xshare", k0=1, budget=8),
         PrunerConfig(policy="xshare-spec", k0=1, request_budget=4, budget=0),
     ]
-    return run_quality(configs, settings=SMALL).rows
+    return run_quality(configs, settings=SMALL, draft_dir=default_draft_dir()).rows
 
 
 def test_unpruned_is_its_own_reference(rows) -> None:
@@ -90,6 +91,11 @@ def test_verify_policies_run_on_verify_batches(rows) -> None:
     # requests stays below the unpruned union of the same 16-row calls
     assert spec.experts < spec.natural_experts
     assert spec.kl.mean > 0 and spec.top1_agree.mean < 1.0
+    # acceptance under pruned verify, against the same speculative decoding with unpruned verify
+    for interval in (spec.accept_len, spec.unpruned_accept_len):
+        assert 0 <= interval.low <= interval.mean <= interval.high <= SMALL.draft_tokens - 1
+    assert spec.unpruned_accept_len.mean > 0  # the draft model does get tokens accepted
+    assert all(row.accept_len is None for row in rows[:3])  # decode policies have no verify
 
 
 def test_verify_forwards_group_each_requests_tokens() -> None:

@@ -116,6 +116,8 @@ class QualityRow:
     experts: float
     natural_experts: float
     speedup: float
+    accept_len: Interval | None = None  # verify policies with a draft model: accepted draft tokens per step
+    unpruned_accept_len: Interval | None = None  # the same trees verified by the unpruned model
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -252,20 +254,69 @@ def routing_profile(model, windows: torch.Tensor, settings: QualitySettings) -> 
     return RoutingProfile(num_experts, top_k, settings.requests, settings.draft_tokens, entropy, union, uniform)
 
 
+#: Speculative decoding for ``accept_len``: SGLang's EAGLE tree of 3 steps x top-4, D slots per request.
+ACCEPT_STEPS, ACCEPT_TOPK, ACCEPT_NEW_TOKENS = 3, 4, 16
+
+
+class Acceptance:
+    """Accepted draft tokens per request and step under pruned verify, against unpruned verify.
+
+    Real tree speculative decoding (:func:`~.tiny_spec.speculative_generate`, static SGLang trees,
+    ``D - 1`` draft nodes per request) of ``R`` held-out prompts with the draft model; the target's
+    verify forwards are pruned by the policy.
+    """
+
+    def __init__(self, model, tokenizer, model_dir: Path, draft, settings: QualitySettings) -> None:
+        from .spec_eval import split_prompts
+        from .tiny_spec import SpecSettings, model_probs
+
+        self.model, self.settings = model, settings
+        self.next_probs = model_probs(draft)
+        texts = split_prompts(model_dir)[1][: settings.requests]
+        self.prompts = [tokenizer(t)["input_ids"] for t in texts]
+        self.spec = SpecSettings(
+            num_steps=ACCEPT_STEPS,
+            topk=ACCEPT_TOPK,
+            num_draft_tokens=settings.draft_tokens,
+            new_tokens=ACCEPT_NEW_TOKENS,
+        )
+        self.unpruned = self.measure(None)
+
+    def measure(self, cfg: PrunerConfig | None) -> Interval:
+        from .tiny_spec import speculative_generate
+
+        k_max = (self.settings.draft_tokens - 1) * len(self.prompts)
+        run = speculative_generate(
+            self.model, self.next_probs, self.prompts, self.spec, mode="static", k_max=k_max, verify_cfg=cfg
+        )
+        per_request = torch.tensor(run.accepted_by_request, dtype=torch.float64)[:, None] / max(run.steps, 1)
+        return bootstrap_interval(
+            per_request, self.settings.bootstrap, torch.Generator().manual_seed(self.settings.seed)
+        )
+
+
 def run_quality(
     configs: list[PrunerConfig],
     *,
     settings: QualitySettings,
     model_dir: Path | None = None,
+    draft_dir: Path | None = None,
     on_config_done: Callable[[], None] | None = None,
 ) -> QualityReport:
     """Teacher-forced measures of every configuration on the held-out windows (``none`` included),
-    one row per configuration in order, and the unpruned model's routing profile."""
+    one row per configuration in order, and the unpruned model's routing profile.  With a draft
+    model (``draft_dir``), verify policies also get ``accept_len`` (:class:`Acceptance`)."""
     from .tiny_demo import heldout_windows
     from .tiny_model import load_tiny_model
 
     model_dir = Path(model_dir) if model_dir else tiny_model_dir()
     model, tokenizer = load_tiny_model(model_dir)
+    acceptance = None
+    if draft_dir is not None and any(is_verify_policy(c) for c in configs):
+        from .spec_eval import load_draft
+
+        draft = load_draft(draft_dir, model.config.vocab_size)
+        acceptance = Acceptance(model, tokenizer, model_dir, draft, settings)
     windows, _ = heldout_windows(model_dir, tokenizer, settings.windows_per_domain, settings.window_tokens)
     targets = windows[:, 1:]
     references: dict[int, torch.Tensor] = {}
@@ -292,6 +343,8 @@ def run_quality(
                 experts=activated / max(len(stats), 1),
                 natural_experts=natural / max(len(stats), 1),
                 speedup=modeled_speedup(natural, activated),
+                accept_len=acceptance.measure(cfg) if acceptance and step > 1 else None,
+                unpruned_accept_len=acceptance.unpruned if acceptance and step > 1 else None,
                 **intervals,
             )
         )

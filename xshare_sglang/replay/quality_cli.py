@@ -18,10 +18,16 @@ COLUMN_NOTES = (
         "verify forward (xshare-spec and per-request moe-spec)",
     ),
     ("kl", "KL(unpruned || pruned) of the next-token distribution, nats per token, mean [95% interval]"),
-    ("top1_agree", "share of positions where the pruned model's most likely next token is the unpruned one's"),
+    ("top1_agree", "% of positions where the pruned model's most likely next token is the unpruned one's"),
     ("nll_delta", "negative log-likelihood of the true next token, pruned minus unpruned, nats per token"),
     ("experts", "experts one pruned MoE layer call reads, of those the same call reads unpruned"),
     ("speedup", "unpruned over pruned expert reads (the HBM-bandwidth model of the MoE layers only)"),
+    (
+        "accept_len",
+        "verify policies: accepted draft tokens per request and step (bonus excluded) in real tree speculative "
+        "decoding with the draft model, the target's verify forward pruned by the policy, mean [95% interval over "
+        "requests] / the same with unpruned verify",
+    ),
 )
 
 
@@ -41,6 +47,11 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens", type=int, default=64, help="predicted tokens per window, a multiple of D (default: %(default)s)"
     )
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
+    parser.add_argument(
+        "--draft",
+        help="draft model folder for accept_len of the verify policies, or none (default: the shipped tiny draft "
+        "when it shares the model's tokenizer)",
+    )
     parser.add_argument("--json", help="also write every row to this JSON file")
     parser.add_argument("--plot-dir", help="write the Pareto plot (speed-up against top1_agree) into this folder")
 
@@ -69,6 +80,7 @@ def quality_handler(args: argparse.Namespace) -> int:
         configs = quality_configs(top_k, num_experts)
     if configs[0].policy != "none":
         configs = [PrunerConfig(policy="none"), *configs]
+    draft_dir, draft_note = _draft_dir(args.draft, model_dir)
     if args.json and Path(args.json).is_dir():
         raise ValueError(f"--json {args.json}: is a folder, expected a file path")
     if args.plot_dir and Path(args.plot_dir).exists() and not Path(args.plot_dir).is_dir():
@@ -80,28 +92,40 @@ def quality_handler(args: argparse.Namespace) -> int:
     console.print(
         f"[bold]{model_dir.name}[/bold] (top-{top_k} of {num_experts} experts): {3 * settings.windows_per_domain} "
         f"held-out windows (code, math, prose) x {settings.window_tokens} tokens, teacher-forced; "
-        f"{len(configs)} configurations"
+        f"{len(configs)} configurations; {draft_note}"
     )
     with _progress(console) as progress:
         task = progress.add_task("configurations", total=len(configs))
         report = run_quality(
-            configs, settings=settings, model_dir=model_dir, on_config_done=lambda: progress.advance(task)
+            configs,
+            settings=settings,
+            model_dir=model_dir,
+            draft_dir=draft_dir,
+            on_config_done=lambda: progress.advance(task),
         )
     rows, routing = report.rows, report.routing
 
     table = Table(title="teacher-forced quality per configuration (means over predicted tokens)", title_justify="left")
-    for column in ("policy", "parameters", "batch", "kl", "top1_agree", "nll_delta", "experts", "speedup"):
-        table.add_column(column, justify="left" if column in ("policy", "parameters", "batch") else "right")
+    columns = ("policy", "parameters", "batch", "kl", "top1_agree", "nll_delta", "experts", "speedup", "accept_len")
+    for column in columns:
+        table.add_column(
+            column, justify="left" if column in ("policy", "parameters", "batch") else "right", no_wrap=True
+        )
     for row in rows:
         table.add_row(
             row.policy,
-            row.params,
+            row.params.replace(" ranking=router", "").replace(" scope=batch", ""),
             row.batch,
-            row.kl.fmt(".4f"),
-            row.top1_agree.fmt(".1f", 100) + "%",
-            row.nll_delta.fmt("+.4f"),
+            row.kl.fmt(".3f", sep=","),
+            row.top1_agree.fmt(".1f", 100, sep=","),
+            row.nll_delta.fmt("+.3f", sep=","),
             f"{row.experts:.1f}/{row.natural_experts:.1f}",
             f"{row.speedup:.2f}x",
+            (
+                f"{row.accept_len.fmt('.2f', sep=',')} / {row.unpruned_accept_len.mean:.2f}"
+                if row.accept_len is not None
+                else "-"
+            ),
         )
     console.print(table)
     console.print(
@@ -139,3 +163,20 @@ def _model_shape(model_dir: Path) -> tuple[int, int]:
         return int(config["num_experts_per_tok"]), int(num_experts)
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"--model {model_dir}: not a Qwen3-MoE checkpoint folder ({exc})") from None
+
+
+def _draft_dir(value: str | None, model_dir: Path) -> tuple[Path | None, str]:
+    """``--draft``: the draft folder for accept_len (None: not measured) and a line saying which."""
+    from .spec_eval import default_draft_dir
+
+    if value == "none":
+        return None, "accept_len not measured (--draft none)"
+    if value is not None:
+        if not (Path(value) / "config.json").is_file():
+            raise ValueError(f"--draft {value}: no model there (config.json missing); give a folder or none")
+        return Path(value), f"accept_len with the draft model {value}"
+    shipped = default_draft_dir()
+    same = (shipped / "tokenizer.json").is_file() and (model_dir / "tokenizer.json").is_file()
+    if same and (shipped / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes():
+        return shipped, "accept_len with the shipped tiny draft model"
+    return None, "accept_len not measured (no draft model with this model's tokenizer; see --draft)"

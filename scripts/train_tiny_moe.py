@@ -360,8 +360,11 @@ def write_card(out: Path, log: dict) -> None:
         f"{cfg['num_attention_heads']} attention heads ({cfg['num_key_value_heads']} KV heads, head dim "
         f"{cfg['head_dim']}), every layer an MoE block of {cfg['num_experts']} experts (intermediate size "
         f"{cfg['moe_intermediate_size']}), top-{cfg['num_experts_per_tok']} softmax routing renormalized over the "
-        f"top-k, tied embeddings, a byte-level BPE vocabulary of {cfg['vocab_size']} tokens trained by the same "
-        "script. Weights are stored in bfloat16."
+        "top-k, embeddings trained tied and stored untied (`lm_head.weight` is a copy of the input embeddings and "
+        "`tie_word_embeddings` is false, because SGLang 0.5.23's `Qwen3MoeForCausalLM` never ties the two: from a "
+        "tied checkpoint it would predict with an unloaded head; transformers gives identical logits either way), "
+        f"a byte-level BPE vocabulary of {cfg['vocab_size']} tokens trained by the same script. Weights are stored "
+        "in bfloat16."
     )
     during = log["eval"][:-1]  # the last entry is the whole held-out set at the end
     best = (
@@ -379,6 +382,8 @@ def write_card(out: Path, log: dict) -> None:
         if planned != log["steps"]
         else ""
     )
+    shape_flag = f" --shape {log['shape']}" if log.get("shape", "tiny") != "tiny" else ""
+    reproduce = f"{shape_flag} --seed {log['seed']} --steps {planned} --stop-at {log['steps']}"
     card = f"""# {log.get("name", "tiny-qwen3-moe")} (xshare-sglang demo model)
 
 A {log["parameters"] / 1e6:.1f} M-parameter Mixture-of-Experts language model in Hugging Face's
@@ -400,7 +405,7 @@ The held-out texts are shipped next to the model (`heldout_*.jsonl`) under the s
 {log["steps"]} steps{stopped} of AdamW (lr {log["lr"]}, cosine to 10%, {log["warmup"]} warm-up steps), batches of
 {log["batch_per_domain"]} sequences x {log["seq_len"]} tokens from each domain, router load-balancing
 loss weight {cfg["router_aux_loss_coef"]}, seed {log["seed"]}; {log["train_seconds"] / 60:.1f} minutes on
-{log["threads"]} CPU threads ({log["tokens_seen"]:,} training tokens seen). Loss curve: `loss_curve.png`;
+{log["threads"]} CPU thread(s) ({log["tokens_seen"]:,} training tokens seen). Loss curve: `loss_curve.png`;
 every logged step: `training_log.json`.
 
 ## Results (end of training)
@@ -415,7 +420,7 @@ whole held-out set of the table) were lowest at: {best}.
 Expert specialization (mean total-variation distance between the domains' expert-usage profiles,
 over layers; 0 = same experts for every domain, 1 = disjoint): {final["specialization"]:.2f}.
 
-Reproduce: `python scripts/train_tiny_moe.py --seed {log["seed"]} --steps {planned} --stop-at {log["steps"]}`
+Reproduce: `python scripts/train_tiny_moe.py{reproduce}`
 (timings vary with the machine; data, schedule and step count fix the result up to floating-point
 reduction order and the Python version's standard library).
 """

@@ -254,16 +254,18 @@ def routing_profile(model, windows: torch.Tensor, settings: QualitySettings) -> 
     return RoutingProfile(num_experts, top_k, settings.requests, settings.draft_tokens, entropy, union, uniform)
 
 
-#: Speculative decoding for ``accept_len``: SGLang's EAGLE tree of 3 steps x top-4, D slots per request.
-ACCEPT_STEPS, ACCEPT_TOPK, ACCEPT_NEW_TOKENS = 3, 4, 16
+#: Speculative decoding for ``accept_len``: SGLang's EAGLE tree of 3 steps x top-4, D slots per request,
+#: 32 new tokens for each of 3 batches of R held-out prompts.
+ACCEPT_STEPS, ACCEPT_TOPK, ACCEPT_NEW_TOKENS, ACCEPT_BATCHES = 3, 4, 32, 3
 
 
 class Acceptance:
     """Accepted draft tokens per request and step under pruned verify, against unpruned verify.
 
     Real tree speculative decoding (:func:`~.tiny_spec.speculative_generate`, static SGLang trees,
-    ``D - 1`` draft nodes per request) of ``R`` held-out prompts with the draft model; the target's
-    verify forwards are pruned by the policy.
+    ``D - 1`` draft nodes per request) of :data:`ACCEPT_BATCHES` batches of ``R`` held-out prompts with
+    the draft model; the target's verify forwards are pruned by the policy.  The interval resamples
+    requests.
     """
 
     def __init__(self, model, tokenizer, model_dir: Path, draft, settings: QualitySettings) -> None:
@@ -272,8 +274,9 @@ class Acceptance:
 
         self.model, self.settings = model, settings
         self.next_probs = model_probs(draft)
-        texts = split_prompts(model_dir)[1][: settings.requests]
-        self.prompts = [tokenizer(t)["input_ids"] for t in texts]
+        texts = split_prompts(model_dir)[1][: ACCEPT_BATCHES * settings.requests]
+        prompts = [tokenizer(t)["input_ids"] for t in texts]
+        self.batches = [prompts[i : i + settings.requests] for i in range(0, len(prompts), settings.requests)]
         self.spec = SpecSettings(
             num_steps=ACCEPT_STEPS,
             topk=ACCEPT_TOPK,
@@ -285,13 +288,17 @@ class Acceptance:
     def measure(self, cfg: PrunerConfig | None) -> Interval:
         from .tiny_spec import speculative_generate
 
-        k_max = (self.settings.draft_tokens - 1) * len(self.prompts)
-        run = speculative_generate(
-            self.model, self.next_probs, self.prompts, self.spec, mode="static", k_max=k_max, verify_cfg=cfg
-        )
-        per_request = torch.tensor(run.accepted_by_request, dtype=torch.float64)[:, None] / max(run.steps, 1)
+        per_request = []
+        for prompts in self.batches:
+            k_max = (self.settings.draft_tokens - 1) * len(prompts)
+            run = speculative_generate(
+                self.model, self.next_probs, prompts, self.spec, mode="static", k_max=k_max, verify_cfg=cfg
+            )
+            per_request += [accepted / max(run.steps, 1) for accepted in run.accepted_by_request]
         return bootstrap_interval(
-            per_request, self.settings.bootstrap, torch.Generator().manual_seed(self.settings.seed)
+            torch.tensor(per_request, dtype=torch.float64)[:, None],
+            self.settings.bootstrap,
+            torch.Generator().manual_seed(self.settings.seed),
         )
 
 

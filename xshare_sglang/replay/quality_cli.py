@@ -86,9 +86,11 @@ def quality_handler(args: argparse.Namespace) -> int:
     if args.plot_dir and Path(args.plot_dir).exists() and not Path(args.plot_dir).is_dir():
         raise ValueError(f"--plot-dir {args.plot_dir}: is a file, expected a folder")
 
+    from rich.console import Console
+
     from ..cli import _console, _progress
 
-    console = _console()
+    console = Console(width=max(_console().width, 200))  # the intervals make a wide table
     console.print(
         f"[bold]{model_dir.name}[/bold] (top-{top_k} of {num_experts} experts): {3 * settings.windows_per_domain} "
         f"held-out windows (code, math, prose) x {settings.window_tokens} tokens, teacher-forced; "

@@ -165,3 +165,29 @@ def test_bad_arguments_exit_2_before_any_work(argv, flag) -> None:
     assert result.returncode == 2
     assert flag in result.stderr and "Traceback" not in result.stderr
     assert "configurations" not in result.stdout  # nothing was measured
+
+
+def test_second_model_routes_like_qwen3_and_is_not_trivial() -> None:
+    """The shipped 128-expert model: Qwen3-MoE's routing shape, under 30 MB, and routing that leaves a
+    pruner something to do (not uniform, not collapsed onto a few experts)."""
+    from xshare_sglang.replay.tiny_model import tiny_model_dir
+
+    folder = tiny_model_dir("e128")
+    config = json.loads((folder / "config.json").read_text())
+    assert config.get("num_experts", config.get("num_local_experts")) == 128
+    assert config["num_experts_per_tok"] == 8 and config["norm_topk_prob"] is True
+    assert (folder / "model.safetensors").stat().st_size < 30 * 2**20
+    for name in ("MODEL_CARD.md", "loss_curve.png", "training_log.json", "LICENSE.gsm8k.MIT", "heldout_code.jsonl"):
+        assert (folder / name).is_file(), name
+    settings = QualitySettings(requests=8, draft_tokens=4, windows_per_domain=1, window_tokens=8, bootstrap=50)
+    report = run_quality(
+        [PrunerConfig(), PrunerConfig(policy="xshare", k0=1, budget=8)], settings=settings, model_dir=folder
+    )
+    routing = report.routing
+    assert routing.num_experts == 128 and routing.top_k == 8 and len(routing.entropy) == 4
+    assert all(1.0 < h < math.log(128) - 0.1 for h in routing.entropy)
+    # a verify call of 3 windows x 4 tokens (the last batch of 3) or 8 x 4 reads more than one token's 8
+    # experts and fewer than the independent-uniform expectation
+    assert all(8 < u < routing.uniform_union for u in routing.union)
+    none, xshare = report.rows
+    assert xshare.experts < none.experts and xshare.top1_agree.mean < 1.0

@@ -1113,22 +1113,17 @@ def _progress_line(r: dict) -> str:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
-    parser.add_argument("--tokens", default="8,16,32,64,128,256,512", help="token counts T (verify: T = R x D)")
-    parser.add_argument("--phases", default="decode,verify", help="decode and/or verify")
-    parser.add_argument("--draft-tokens", type=int, default=4, help="D, tokens per request in verify batches")
-    parser.add_argument("--policies", default="all", help="comma-separated policy names to keep, or all")
-    parser.add_argument("--backend", default="auto", choices=["auto", "sglang", "grouped_mm"])
+def add_layer_bench_arguments(parser: argparse.ArgumentParser, *, calls: int, case: str) -> None:
+    """The flags every script that times MoE layers with :class:`ModelBench` takes (this one and
+    ``bench_selection.py``): MoE backend, logits, graph timing, time limit, outputs, smoke mode."""
+    parser.add_argument("--backend", default="auto", choices=["auto", "sglang", "grouped_mm"], help="fused MoE")
     parser.add_argument("--sglang-root", default=None, help="folder of the sglang package holding the kernel file")
     parser.add_argument("--trace", default="gemma", choices=["gemma", "gptoss"], help="route trace for the logits")
-    parser.add_argument("--calls", type=int, default=8, help="layer calls captured per graph")
+    parser.add_argument("--calls", type=int, default=calls, help="calls captured per graph")
     parser.add_argument("--replays", type=int, default=20, help="timed graph replays (median)")
     parser.add_argument("--rotate", type=int, default=8, help="distinct inputs cycled through")
     parser.add_argument("--weight-copies", type=int, default=2, help="expert weight copies, alternated per call")
-    parser.add_argument("--bandwidth-gib", type=float, default=2.0, help="buffer size of the copy-bandwidth test")
-    parser.add_argument("--max-minutes", type=float, default=8.5, help="start no new (model, phase, T) after this")
+    parser.add_argument("--max-minutes", type=float, default=8.5, help=f"start no new {case} after this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "bench_out"))
     parser.add_argument("--git-sha", default=None, help="recorded in the output (default: git rev-parse HEAD)")
@@ -1137,6 +1132,17 @@ def main() -> int:
         action="store_true",
         help="without a GPU: every path once on tiny shapes under TRITON_INTERPRET=1, checked (no timings)",
     )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
+    parser.add_argument("--tokens", default="8,16,32,64,128,256,512", help="token counts T (verify: T = R x D)")
+    parser.add_argument("--phases", default="decode,verify", help="decode and/or verify")
+    parser.add_argument("--draft-tokens", type=int, default=4, help="D, tokens per request in verify batches")
+    parser.add_argument("--policies", default="all", help="comma-separated policy names to keep, or all")
+    parser.add_argument("--bandwidth-gib", type=float, default=2.0, help="buffer size of the copy-bandwidth test")
+    add_layer_bench_arguments(parser, calls=8, case="(model, phase, T)")
     args = parser.parse_args()
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()

@@ -51,7 +51,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _bench_common import git_sha, sync, time_graph, write_csv
-from bench_moe_layer import MODELS, SMOKE_MODELS, ModelBench, Shape, TraceRouting, build_case, resolve_backends
+from bench_moe_layer import (
+    MODELS,
+    SMOKE_MODELS,
+    ModelBench,
+    Shape,
+    TraceRouting,
+    add_layer_bench_arguments,
+    build_case,
+    resolve_backends,
+)
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.kernels import SelectionWorkspace, prune_route
@@ -366,22 +375,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODEL_ROUTERS), help=f"subset of {', '.join(MODEL_ROUTERS)}")
     parser.add_argument("--tokens", default="1,8,32,64,128,256,512", help="token counts T")
     parser.add_argument("--policies", default="all", help="comma-separated subset of the policies, or all")
-    parser.add_argument("--backend", default="auto", choices=["auto", "sglang", "grouped_mm"], help="fused MoE")
-    parser.add_argument("--sglang-root", default=None, help="folder of the sglang package holding the MoE kernel")
-    parser.add_argument("--trace", default="gemma", choices=["gemma", "gptoss"], help="route trace for the logits")
-    parser.add_argument("--calls", type=int, default=20, help="calls captured per graph")
-    parser.add_argument("--replays", type=int, default=20, help="timed graph replays (median)")
-    parser.add_argument("--rotate", type=int, default=8, help="distinct inputs cycled through")
-    parser.add_argument("--weight-copies", type=int, default=2, help="expert weight copies, alternated per call")
-    parser.add_argument("--max-minutes", type=float, default=8.5, help="start no new (model, T) after this")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", default=os.environ.get("OUT", "bench_out"))
-    parser.add_argument("--git-sha", default=None, help="recorded in the output (default: git rev-parse HEAD)")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="without a GPU: every path once on tiny shapes under TRITON_INTERPRET=1 (checks, no timings)",
-    )
+    add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()

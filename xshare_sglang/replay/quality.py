@@ -361,17 +361,13 @@ def run_quality(
 
 
 def quality_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
-    """The default comparison: the unpruned model, then two or three operating points per policy."""
+    """The default comparison: the demo's decode settings (without its near-lossless ``xshare k0=2``)
+    and three verify settings, scaled to the model's top-k."""
+    from .tiny_demo import demo_configs
+
+    decode = [c for c in demo_configs(top_k, num_experts) if not (c.policy == "xshare" and c.k0 == 2)]
     return [
-        PrunerConfig(policy="none"),
-        PrunerConfig(policy="oea", k0=1),
-        PrunerConfig(policy="oea", k0=2),
-        PrunerConfig(policy="xshare", k0=1, budget=top_k),
-        PrunerConfig(policy="xshare", k0=1, budget=2 * top_k),
-        PrunerConfig(policy="xshare-threshold", k0=1, tau=0.9),
-        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k)),
-        PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 4 * top_k)),
-        PrunerConfig(policy="lynx", alpha=2.0, beta=4),
+        *decode,
         PrunerConfig(policy="xshare-spec", k0=1, request_budget=top_k, budget=0),
         PrunerConfig(policy="moe-spec", max_experts=min(num_experts, top_k), scope="request"),
         PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k), scope="request"),

@@ -41,10 +41,12 @@ def _ranking_file(tmp_path, counts, **extra):
 
 # Added by issue 5 (speculative verify), after the DESIGN fields so positional order stays stable.
 VERIFY_FIELDS = ["scope", "depth_decay"]
+# Added by issue 20 (calibrated per-layer budgets).
+CALIBRATED_FIELDS = ["budget_allocation"]
 
 
 def test_field_names_are_design_section_4() -> None:
-    assert list(PrunerConfig.field_names()) == DESIGN_FIELDS + VERIFY_FIELDS
+    assert list(PrunerConfig.field_names()) == DESIGN_FIELDS + VERIFY_FIELDS + CALIBRATED_FIELDS
 
 
 def test_frozen() -> None:
@@ -86,7 +88,7 @@ def test_frozen() -> None:
         ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", "max_tokens=4"),
         ({"policy": "moe-spec"}, "max_experts", "moe-spec"),
         ({"policy": "xshare", "ranking": "static"}, "ranking", "moe-spec"),
-        ({"policy": "moe-spec", "max_experts": 8, "ranking": "static"}, "static_ranking_path", "needs the path"),
+        ({"policy": "moe-spec", "max_experts": 8, "ranking": "static"}, "static_ranking_path", "needs the calibration file"),
         ({"static_ranking_path": "x.json"}, "static_ranking_path", "ranking='static'"),
     ],
 )

@@ -548,7 +548,7 @@ def test_pruner_set_by_moe_pruner_config_json_is_warned_about(caplog) -> None:
         (["--url", "x:1"], "--url 'x:1' is invalid"),
         (["--from-dump", "d.pt", "--num-prompts", "3"], "--num-prompts: workload flags need --url"),
         (["--url", "http://x:1", "--from-dump", "d.pt"], "not allowed with argument"),
-        ([], "one of the arguments --url --from-dump is required"),
+        ([], "one of the arguments --url --from-dump --from-trace is required"),
     ],
 )
 def test_bad_flags_name_the_flag(argv, needle, capsys) -> None:

@@ -33,7 +33,16 @@ POLICIES: tuple[str, ...] = (
 )
 SCORES: tuple[str, ...] = ("topk", "probs")
 COVERAGES: tuple[str, ...] = ("substitution", "truncation")
-RANKINGS: tuple[str, ...] = ("router", "static")
+# ``coverage``: greedy on the batch's own per-token scores, each token's score of a candidate
+# weighted by the share of the token's routing mass the experts already kept leave uncovered.
+# ``coactivation``: greedy on router scores, each candidate discounted by its co-activation with the
+# experts already kept (statistics from the calibration file).
+RANKINGS: tuple[str, ...] = ("router", "static", "coverage", "coactivation")
+# Rankings that read the calibration file.
+FILE_RANKINGS: frozenset[str] = frozenset({"static", "coactivation"})
+# How ``moe-spec``'s budget is spread over layers: ``max_experts`` in every layer, or per-layer budgets
+# averaging ``max_experts``, set from the calibration file's coverage curves.
+BUDGET_ALLOCATIONS: tuple[str, ...] = ("uniform", "calibrated")
 # What one ``moe-spec`` budget covers in a speculative verify batch: the whole batch (one top-B), or
 # each request's draft tree (a top-B per request, the union kept).
 SCOPES: tuple[str, ...] = ("batch", "request")
@@ -71,10 +80,19 @@ class StaticRanking:
         ``counts[layer][expert]``, shape ``[num_layers][num_experts]``, non-negative.
     model : str or None
         The model the counts were collected on, if the file says.
+    coactivation : Tensor, shape [num_layers, E, E], float64, or None
+        ``coactivation[l, i, j]``: tokens that picked both ``i`` and ``j`` in layer ``l`` (the diagonal
+        is each expert's own count).  Read by ``ranking="coactivation"``.
+    budget_curves : Tensor, shape [num_layers, E + 1], float64, or None
+        ``budget_curves[l, b]``: the share of a calibration batch's expert selections that its ``b``
+        most-selected experts cover, averaged over batches (0 at ``b = 0``, 1 at ``b = E``).  Read by
+        ``budget_allocation="calibrated"``.
     """
 
     counts: tuple[tuple[float, ...], ...]
     model: str | None = None
+    coactivation: Any = field(default=None, repr=False, compare=False)
+    budget_curves: Any = field(default=None, repr=False, compare=False)
     _on_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -100,6 +118,70 @@ class StaticRanking:
             places = torch.empty_like(order).scatter_(-1, order, torch.arange(self.num_experts).expand_as(order))
             self._on_device[key] = places.to(dtype=torch.int32, device=device)
         return self._on_device[key][layer]
+
+    def layer_redundancy(self, layer: int, device: Any) -> Any:
+        """Fixed-point redundancy of every expert pair of one layer, int32 [E, E] on ``device``.
+
+        ``floor(2**16 * C[i, j] / sqrt(C[i, i] * C[j, j]))`` from the co-activation counts ``C``: how
+        often ``i`` and ``j`` are picked by the same token, against how often each is picked (1.0, that
+        is ``2**16``, on the diagonal; 0 when either expert was never picked).  Computed once per device.
+        """
+        import torch
+
+        if self.coactivation is None:
+            raise ValueError("the static-ranking file has no co-activation counts")
+        key = ("redundancy", str(device))
+        if key not in self._on_device:
+            pairs = self.coactivation
+            own = torch.diagonal(pairs, dim1=1, dim2=2)
+            scale = torch.sqrt(own[:, :, None] * own[:, None, :])
+            share = torch.where(scale > 0, pairs / scale.clamp(min=1e-300), 0.0).clamp(0.0, 1.0)
+            fixed = torch.floor(share * float(1 << REDUNDANCY_BITS)).to(torch.int32)
+            eye = torch.eye(self.num_experts, dtype=torch.bool)
+            fixed = torch.where(eye, 1 << REDUNDANCY_BITS, fixed)
+            self._on_device[key] = fixed.to(device)
+        return self._on_device[key][layer]
+
+    def layer_budgets(self, mean_budget: int) -> tuple[int, ...]:
+        """Per-layer budgets averaging ``mean_budget`` that cover the most calibration selections.
+
+        Over the layers whose curve is not all zero (the MoE layers calibration reached), budgets
+        ``b_l`` in ``[1, E]`` with ``sum(b_l) = n * min(mean_budget, E)`` maximize
+        ``sum_l budget_curves[l, b_l]``: starting from 1 each, the next expert goes to the layer where
+        it adds the most coverage (ties to the lower layer).  Every other layer gets ``mean_budget``.
+        Cached per ``mean_budget``.
+        """
+        if self.budget_curves is None:
+            raise ValueError("the static-ranking file has no budget curves")
+        key = ("budgets", mean_budget)
+        if key not in self._on_device:
+            self._on_device[key] = allocate_layer_budgets(self.budget_curves.tolist(), mean_budget)
+        return self._on_device[key]
+
+
+REDUNDANCY_BITS = 16
+
+
+def allocate_layer_budgets(curves: list[list[float]], mean_budget: int) -> tuple[int, ...]:
+    """Greedy water-filling of ``n * mean_budget`` experts over the ``n`` layers with a non-zero curve
+    (see :meth:`StaticRanking.layer_budgets`).  ``curves[l][b]``: coverage of ``b`` experts in layer ``l``."""
+    import heapq
+
+    num_experts = len(curves[0]) - 1
+    per_layer = min(mean_budget, num_experts)
+    active = [layer for layer, curve in enumerate(curves) if max(curve) > 0]
+    budgets = [mean_budget] * len(curves)
+    for layer in active:
+        budgets[layer] = 1
+    heap = [(-(curves[layer][2] - curves[layer][1]), layer) for layer in active if num_experts > 1]
+    heapq.heapify(heap)
+    for _ in range(len(active) * (per_layer - 1)):
+        _, layer = heapq.heappop(heap)
+        budgets[layer] += 1
+        b = budgets[layer]
+        if b < num_experts:
+            heapq.heappush(heap, (-(curves[layer][b + 1] - curves[layer][b]), layer))
+    return tuple(budgets)
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
@@ -161,7 +243,40 @@ def load_static_ranking(path: str | os.PathLike[str]) -> StaticRanking:
         if key in doc and doc[key] != actual:
             raise _fail(name, str(path), f'"{key}" says {doc[key]!r} but "counts" has {actual}')
     model = doc.get("model")
-    return StaticRanking(counts=tuple(rows), model=model if isinstance(model, str) else None)
+    num_layers, num_experts = len(rows), len(rows[0])
+    coactivation = _optional_table(
+        doc, "coactivation", (num_layers, num_experts, num_experts), str(path), "co-activation counts >= 0"
+    )
+    curves = _optional_table(
+        doc, "budget_curves", (num_layers, num_experts + 1), str(path), "coverage shares in [0, 1]"
+    )
+    if curves is not None and bool(((curves < 0) | (curves > 1)).any()):
+        raise _fail(name, str(path), '"budget_curves" must hold shares in [0, 1]')
+    return StaticRanking(
+        counts=tuple(rows),
+        model=model if isinstance(model, str) else None,
+        coactivation=coactivation,
+        budget_curves=curves,
+    )
+
+
+def _optional_table(doc: dict, key: str, shape: tuple[int, ...], path: str, what: str) -> Any:
+    """``doc[key]`` as a float64 tensor of ``shape`` with finite values >= 0, or None when absent."""
+    import torch
+
+    if key not in doc:
+        return None
+    dims = "[" + "][".join(str(d) for d in shape) + "]"
+    try:
+        table = torch.tensor(doc[key], dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        table = None
+    if table is None or tuple(table.shape) != shape:
+        got = "not a rectangular table of numbers" if table is None else f"shape {list(table.shape)}"
+        raise _fail("static_ranking_path", path, f'"{key}" must be a {dims} table of {what}, got {got}')
+    if not bool(torch.isfinite(table).all()) or bool((table < 0).any()):
+        raise _fail("static_ranking_path", path, f'"{key}" must hold {what}')
+    return table
 
 
 def _check_int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
@@ -217,10 +332,14 @@ class PrunerConfig:
         (:data:`DEFAULT_SCORE`).
     coverage : {"substitution", "truncation"}
         How tokens are routed inside the kept set (:func:`xshare_sglang.route_within`).
-    ranking : {"router", "static"}
-        ``moe-spec`` ranks experts by the batch's router scores, or by calibration counts.
+    ranking : {"router", "static", "coverage", "coactivation"}
+        How ``moe-spec`` ranks experts: by the batch's aggregate router scores; by calibration
+        counts; greedily by the routing mass each expert adds to tokens the experts already kept
+        leave uncovered (``coverage``); or greedily by aggregate discounted by calibration
+        co-activation with the experts already kept (``coactivation``).
     static_ranking_path : str or None
-        The static-ranking JSON file, required with ``ranking="static"``.
+        The calibration JSON file (``xshare-sglang calibrate``), required with ``ranking="static"``
+        or ``"coactivation"`` and with ``budget_allocation="calibrated"``.
     alpha : float
         LYNX bin scale (bins are ``1/alpha`` wide in logit units); ``> 0``.
     beta : int
@@ -237,6 +356,10 @@ class PrunerConfig:
         ``depth_decay ** d``, so deep nodes, which are less likely to be accepted, count less;
         ``0 < depth_decay <= 1``; None (default) weighs every node equally.  Not for ``lynx``,
         whose votes are bin counts.
+    budget_allocation : {"uniform", "calibrated"}
+        ``moe-spec``: ``max_experts`` in every layer, or per-layer budgets that average
+        ``max_experts`` and go where the calibration file's coverage curves say they cover the most
+        router selections (:meth:`StaticRanking.layer_budgets`).
     """
 
     policy: str = "none"
@@ -257,6 +380,7 @@ class PrunerConfig:
     max_tokens: int | None = None
     scope: str = "batch"
     depth_decay: float | None = None
+    budget_allocation: str = "uniform"
     _static_ranking: StaticRanking | None = field(default=None, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ validation
@@ -280,6 +404,7 @@ class PrunerConfig:
         if self.min_tokens is not None and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _fail("min_tokens", self.min_tokens, f"must not exceed max_tokens={self.max_tokens}")
         _check_choice("scope", self.scope, SCOPES)
+        _check_choice("budget_allocation", self.budget_allocation, BUDGET_ALLOCATIONS)
         if self.depth_decay is not None:
             decay = _check_real("depth_decay", self.depth_decay)
             if not 0.0 < decay <= 1.0:
@@ -311,22 +436,53 @@ class PrunerConfig:
                 "policy 'moe-spec' needs max_experts, its expert budget B "
                 "(MoE-Spec uses 16-64 of 128 experts for Qwen3-30B-A3B)",
             )
-        if self.ranking == "static":
-            if self.policy != "moe-spec":
-                raise _fail("ranking", "static", f"only policy 'moe-spec' reads a static ranking, not {self.policy!r}")
-            if self.static_ranking_path is None:
-                raise _fail("static_ranking_path", None, "ranking='static' needs the path of a static-ranking file")
-        elif self.static_ranking_path is not None:
+        if self.scope == "request" and self.ranking in ("coverage", "coactivation"):
+            raise _fail(
+                "scope",
+                "request",
+                f"ranking={self.ranking!r} ranks the whole batch; scope='request' needs ranking='router'",
+            )
+        reads_file = self._reads_calibration_file()
+        for name, value, used, wanted in (
+            ("ranking", self.ranking, self.ranking != "router", self.ranking in FILE_RANKINGS),
+            ("budget_allocation", self.budget_allocation, self.budget_allocation != "uniform", True),
+        ):
+            if used and self.policy != "moe-spec":
+                raise _fail(name, value, f"only policy 'moe-spec' takes {name}={value!r}, not {self.policy!r}")
+            if used and wanted and self.static_ranking_path is None:
+                raise _fail(
+                    "static_ranking_path",
+                    None,
+                    f"{name}={value!r} needs the calibration file `xshare-sglang calibrate` writes",
+                )
+        if self.static_ranking_path is not None and not reads_file:
             raise _fail(
                 "static_ranking_path",
                 self.static_ranking_path,
-                "a ranking file is only read with policy='moe-spec' and ranking='static'",
+                "the calibration file is only read by policy='moe-spec' with ranking='static' or 'coactivation', "
+                "or budget_allocation='calibrated'",
             )
         if self.static_ranking_path is not None:
             if not isinstance(self.static_ranking_path, (str, os.PathLike)):
                 raise _fail("static_ranking_path", self.static_ranking_path, "must be a file path")
             object.__setattr__(self, "static_ranking_path", os.fspath(self.static_ranking_path))
-            object.__setattr__(self, "_static_ranking", load_static_ranking(self.static_ranking_path))
+            ranking = load_static_ranking(self.static_ranking_path)
+            for name, value, table, wanted in (
+                ("ranking", "coactivation", ranking.coactivation, self.ranking == "coactivation"),
+                ("budget_allocation", "calibrated", ranking.budget_curves, self.budget_allocation == "calibrated"),
+            ):
+                if wanted and table is None:
+                    raise _fail(
+                        "static_ranking_path",
+                        self.static_ranking_path,
+                        f"{name}={value!r} needs a file with "
+                        f"{'co-activation counts' if name == 'ranking' else 'budget curves'}; write one with "
+                        "`xshare-sglang calibrate --from-trace` or from a per_token recorder dump",
+                    )
+            object.__setattr__(self, "_static_ranking", ranking)
+
+    def _reads_calibration_file(self) -> bool:
+        return self.policy == "moe-spec" and (self.ranking in FILE_RANKINGS or self.budget_allocation == "calibrated")
 
     @staticmethod
     def _normalized_phases(phases: Any) -> tuple[str, ...]:
@@ -377,13 +533,39 @@ class PrunerConfig:
     # ------------------------------------------------------------------ derived values
     @property
     def effective_score(self) -> str:
-        """The score actually aggregated: ``score`` or the policy's default."""
-        return self.score if self.score is not None else DEFAULT_SCORE[self.policy]
+        """The score actually aggregated: ``score`` or the policy's default (``topk`` for ``moe-spec``
+        with ``ranking="coverage"``, whose per-token coverage is of the token's own routing)."""
+        if self.score is not None:
+            return self.score
+        if self.policy == "moe-spec" and self.ranking == "coverage":
+            return "topk"
+        return DEFAULT_SCORE[self.policy]
 
     @property
     def static_ranking(self) -> StaticRanking | None:
-        """The parsed static-ranking file (``ranking="static"`` only)."""
+        """The parsed calibration file (``moe-spec`` with a ranking other than ``router``, or
+        calibrated budgets)."""
         return self._static_ranking
+
+    def layer_budget(self, layer_id: int | None) -> int:
+        """``moe-spec``'s budget in one layer: ``max_experts``, or the calibrated per-layer budget.
+
+        ``layer_id`` may be omitted only when the calibration file has a single layer.
+        """
+        if self.budget_allocation == "uniform" or self._static_ranking is None:
+            return self.max_experts
+        ranking = self._static_ranking
+        layer = layer_id
+        if layer is None:
+            if ranking.num_layers != 1:
+                raise ValueError(
+                    "budget_allocation='calibrated' needs layer_id: "
+                    f"the calibration file has {ranking.num_layers} layers"
+                )
+            layer = 0
+        if not 0 <= layer < ranking.num_layers:
+            raise ValueError(f"layer_id={layer} is outside the calibration file's {ranking.num_layers} layers")
+        return ranking.layer_budgets(self.max_experts)[layer]
 
     def policy_parameters(self) -> dict[str, Any]:
         """The fields the chosen policy reads, by name (for labels and logs)."""
@@ -400,6 +582,8 @@ class PrunerConfig:
         params = {name: getattr(self, name) for name in used[self.policy]}
         if self.policy not in ("none", "moe-spec") and self.max_experts is not None:
             params["max_experts"] = self.max_experts
+        if self.policy == "moe-spec" and self.budget_allocation != "uniform":
+            params["budget_allocation"] = self.budget_allocation
         if self.policy != "none" and self.depth_decay is not None:
             params["depth_decay"] = self.depth_decay
         return params

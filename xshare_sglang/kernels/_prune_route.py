@@ -54,6 +54,10 @@ MODE_TOP_AGG = tl.constexpr(5)  # moe-spec, router ranking
 MODE_STATIC = tl.constexpr(6)  # moe-spec, static ranking (precomputed places)
 MODE_GIVEN = tl.constexpr(7)  # moe-spec per request, lynx (base = union)
 MODE_ALL = tl.constexpr(8)  # none: every expert
+MODE_COACT = tl.constexpr(9)  # moe-spec, co-activation ranking (greedy with redundancy discounts)
+MODE_COVERAGE = tl.constexpr(10)  # moe-spec, coverage ranking (greedy on uncovered per-token mass)
+SCORE_ONE_INT = tl.constexpr(1 << 24)
+REDUNDANCY_ONE = tl.constexpr(1 << 16)  # 1.0 on the redundancy grid (config.REDUNDANCY_BITS)
 
 
 # --------------------------------------------------------------------------- numerics
@@ -529,8 +533,10 @@ def select_kernel(
     alpha,
     beta,
     static_ptr,
+    redundancy_ptr,
     group_ptr,
     # workspace
+    row_scores_ptr,
     agg_part_ptr,
     warm_part_ptr,
     base_part_ptr,
@@ -636,6 +642,13 @@ def select_kernel(
                         member = candidate
                     q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
                     agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
+                    if MODE == MODE_COVERAGE:
+                        # every row's scores (0 on rows that do not vote), for the greedy of phase B
+                        tl.store(
+                            row_scores_ptr + rows[:, None] * num_experts + e[None, :],
+                            tl.where(row_ok[:, None], q, 0).to(tl.int32),
+                            mask=in_block[:, None] & e_ok[None, :],
+                        )
             agg += agg_r
             warm = tl.maximum(warm, warm_r)
             if PER_REQUEST:
@@ -721,6 +734,42 @@ def select_kernel(
         elif MODE == MODE_STATIC:
             place = tl.load(static_ptr + e, mask=e_ok, other=2147483647)
             keep = e_ok & (place < count) & (n_valid > 0)
+        elif MODE == MODE_COVERAGE:
+            # greedy: each step keeps the expert with the most uncovered per-token mass
+            # sum_t (q[t, j] * max(ONE - covered_t, 0)) >> 24; ties to the larger agg, then the lower id
+            tl.debug_barrier()
+            chosen = tl.zeros([BLOCK_E], tl.int32)
+            for _ in range(0, count):
+                gain = tl.zeros([BLOCK_E], tl.int64)
+                for r0 in range(0, num_tokens, CHUNK_T):
+                    offs = r0 + tl.arange(0, CHUNK_T)
+                    q = tl.load(
+                        row_scores_ptr + offs[:, None] * num_experts + e[None, :],
+                        mask=(offs < num_tokens)[:, None] & e_ok[None, :],
+                        other=0,
+                        cache_modifier=".cg",
+                    ).to(tl.int64)
+                    covered = tl.sum(tl.where(chosen[None, :] != 0, q, 0), axis=1)
+                    left = tl.where(covered < SCORE_ONE_INT, SCORE_ONE_INT - covered, 0)
+                    gain += tl.sum((q * left[:, None]) >> SCORE_BITS, axis=0)
+                key = tl.where(e_ok & (chosen == 0), gain, -1)
+                tied = key == tl.max(key, axis=0)
+                best_agg = tl.max(tl.where(tied, agg, -1), axis=0)
+                first = tl.min(tl.where(tied & (agg == best_agg), e, BLOCK_E), axis=0)
+                chosen = tl.where(e == first, 1, chosen)
+            keep = e_ok & (chosen != 0) & (n_valid > 0)
+        elif MODE == MODE_COACT:
+            # greedy: each step keeps the largest agg * (1 - redundancy with the kept set), first id on ties
+            chosen = tl.zeros([BLOCK_E], tl.int32)
+            discount = tl.zeros([BLOCK_E], tl.int64)
+            for _ in range(0, count):
+                gain = tl.where(e_ok & (chosen == 0), agg * (REDUNDANCY_ONE - discount), -1)
+                best = tl.max(gain, axis=0)
+                first = tl.min(tl.where(gain == best, e, BLOCK_E), axis=0)
+                chosen = tl.where(e == first, 1, chosen)
+                row = tl.load(redundancy_ptr + first * num_experts + e, mask=e_ok, other=0)
+                discount = tl.maximum(discount, row.to(tl.int64))
+            keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_TOP_AGG:
             tl.store(prim_ptr + e, agg, mask=e_ok)
             tl.store(flag_ptr + e, e_ok.to(tl.int8), mask=e_ok)

@@ -28,7 +28,7 @@ import torch
 from ..config import PrunerConfig
 from ..policies.api import select_with_aggregate, validate_selection_args
 from ..policies.greedy import tau_fixed_point
-from ..policies.moe_spec import static_positions
+from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.prune_route import PrunedRouting, check_prune_route_args
 from ..policies.prune_route import prune_route as prune_route_reference
 from ..policies.routing import RouterSpec
@@ -43,6 +43,8 @@ MAX_TOKENS_PER_REQUEST = 64
 MAX_LYNX_BETA = 14
 MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most)
 MAX_PARTS = 64  # programs of the selection: bounds the last program's reduction
+# ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
+MAX_COVERAGE_TOKENS = 1024
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 #: Calls with at most this many rows run as one program: selection and routing in one launch.
 SINGLE_PROGRAM_TOKENS = 32
@@ -95,6 +97,8 @@ def unsupported_reason(
         return f"T={num_tokens} tokens (the kernels support up to {MAX_TOKENS})"
     if _per_request(cfg) and tokens_per_request > MAX_TOKENS_PER_REQUEST:
         return f"tokens_per_request={tokens_per_request} (the kernels support up to {MAX_TOKENS_PER_REQUEST})"
+    if cfg.policy == "moe-spec" and cfg.ranking == "coverage" and num_tokens > MAX_COVERAGE_TOKENS:
+        return f"T={num_tokens} tokens with ranking=coverage (the kernels support up to {MAX_COVERAGE_TOKENS})"
     if cfg.policy == "lynx" and cfg.beta > MAX_LYNX_BETA:
         return f"lynx beta={cfg.beta} (the kernels support up to {MAX_LYNX_BETA})"
     if router is not None and router.num_expert_group > MAX_GROUPS:
@@ -158,7 +162,7 @@ class SelectionWorkspace:
 
     Allocate it before CUDA-graph capture and pass it to every call (one workspace may serve every
     layer: calls on one stream run one after the other, and each call leaves its counters at 0).
-    About ``64 * E * 90`` bytes.
+    About ``E * 10 KiB``.
 
     Parameters
     ----------
@@ -180,6 +184,7 @@ class SelectionWorkspace:
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.used = torch.zeros(num_experts, dtype=torch.int32, **kw)
         self.tickets = torch.zeros(2, dtype=torch.int32, **kw)  # selection, routing
+        self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)  # coverage
 
 
 _workspaces: dict[tuple[str, int], SelectionWorkspace] = {}
@@ -204,19 +209,26 @@ def _policy_args(cfg: PrunerConfig, layer_id: int | None, device: torch.device, 
     """The policy's part of the selection kernel's arguments."""
     policy = cfg.policy
     static = policy == "moe-spec" and cfg.ranking == "static"
+    coact = policy == "moe-spec" and cfg.ranking == "coactivation"
+    coverage = policy == "moe-spec" and cfg.ranking == "coverage"
     request_top = policy == "moe-spec" and cfg.scope == "request"
+    layer_budget = cfg.layer_budget(layer_id) if policy == "moe-spec" else 0
     if request_top:
         mode, count = "MODE_GIVEN", 0
     elif policy == "moe-spec":
-        mode, count = ("MODE_STATIC" if static else "MODE_TOP_AGG"), cfg.max_experts
+        mode = {"static": "MODE_STATIC", "coactivation": "MODE_COACT", "coverage": "MODE_COVERAGE"}.get(
+            cfg.ranking, "MODE_TOP_AGG"
+        )
+        count = min(layer_budget, num_experts) if (coact or coverage) else layer_budget
     else:
         mode, count = _MODES[policy], (cfg.budget if policy != "none" else 0)
     return dict(
         mode=mode,
         count=min(count, num_experts + 1),
         k0=cfg.k0 if policy not in ("moe-spec", "lynx", "none") else 0,
-        request_budget=min(cfg.max_experts if request_top else cfg.request_budget, num_experts),
+        request_budget=min(layer_budget if request_top else cfg.request_budget, num_experts),
         static=static_positions(cfg, layer_id, device) if static else None,
+        redundancy=layer_redundancy(cfg, layer_id, device) if coact else None,
         has_cap=cfg.max_experts is not None and policy not in ("moe-spec", "none"),
         # aggregates are needed by every rule but oea, static moe-spec, lynx and none
         rule_scores=policy not in ("oea", "lynx", "none") and not static,
@@ -317,7 +329,9 @@ def _launch(
         float32_value(cfg.alpha),
         cfg.beta,
         policy["static"] if policy["static"] is not None else ws.used,
+        policy["redundancy"] if policy["redundancy"] is not None else ws.used,
         expert_to_rank if expert_to_rank is not None else ws.flag,
+        ws.row_scores,
         ws.agg_part,
         ws.warm_part,
         ws.base_part,

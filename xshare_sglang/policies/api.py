@@ -81,7 +81,7 @@ def validate_selection_args(
     if cfg.policy == "none":
         return
     num_experts = logits.shape[1]
-    cfg.validate_for_model(top_k=top_k, num_experts=num_experts if cfg.ranking == "static" else None)
+    cfg.validate_for_model(top_k=top_k, num_experts=num_experts if cfg.static_ranking is not None else None)
     if isinstance(tokens_per_request, bool) or not isinstance(tokens_per_request, int) or tokens_per_request < 1:
         raise ValueError(f"tokens_per_request={tokens_per_request!r} is invalid: must be an integer >= 1")
     if token_weights is not None:

@@ -4,6 +4,8 @@
 * :func:`greedy_add`    G(S, agg, b): add the ``b`` best experts outside S with aggregate > 0.
 * :func:`threshold_add` grow S by aggregate until it holds ``tau`` of the total aggregate.
 * :func:`rank_rounds_add` GPU-balanced rounds: each rank in turn adds its best expert.
+* :func:`coverage_add`  ``moe-spec`` ranking="coverage": add the expert with the most uncovered mass.
+* :func:`coactivation_add` ``moe-spec`` ranking="coactivation": aggregate discounted by redundancy.
 
 All are tensor programs over the expert axis with static shapes: no host syncs, no loops over
 tokens, usable on CPU and inside CUDA graphs.
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .scores import descending_order, positions_in_order, top_by_logit
+from ..config import REDUNDANCY_BITS
+from .scores import SCORE_FRACTION_BITS, SCORE_ONE, descending_order, positions_in_order, top_by_logit
 
 
 def warm_up(logits: torch.Tensor, valid: torch.Tensor, k0: int) -> torch.Tensor:
@@ -154,3 +157,78 @@ def rank_rounds_add(
     done[-1] = True  # E rounds exhaust every rank.
     num_rounds = torch.argmax(done.to(torch.int8))  # first round count that reaches the target
     return keep | (candidate & (place_in_rank < num_rounds))
+
+
+def coactivation_add(agg: torch.Tensor, redundancy: torch.Tensor, count: int, active: torch.Tensor) -> torch.Tensor:
+    """Co-activation-aware greedy: ``count`` times, keep the expert that adds the most discounted score.
+
+    A candidate's gain is its aggregate times ``1 - r``, where ``r`` is its largest redundancy with an
+    expert already kept (redundancy from calibration co-activation counts, on a ``2**-16`` grid, so the
+    gain is an exact int64 product).  The first pick is the top aggregate; ties go to the lower index.
+    Experts whose gain is 0 fill the remaining budget in index order, as in ``moe-spec``.
+
+    Parameters
+    ----------
+    agg : Tensor, shape [E], int64
+        Fixed-point aggregate (below ``2**46``).
+    redundancy : Tensor, shape [E, E], int32
+        ``redundancy[i, j]`` in ``[0, 2**16]``, from :meth:`~xshare_sglang.config.StaticRanking.layer_redundancy`.
+    count : int
+        Experts to keep (at most E are).
+    active : Tensor, shape [], bool
+        False keeps nothing (no real token).
+
+    Returns
+    -------
+    Tensor, shape [E], bool
+    """
+    num_experts = agg.shape[-1]
+    keep = torch.zeros(num_experts, dtype=torch.bool, device=agg.device)
+    discount = torch.zeros(num_experts, dtype=torch.int64, device=agg.device)
+    index = torch.arange(num_experts, device=agg.device)
+    table = redundancy.to(device=agg.device, dtype=torch.int64)
+    for _ in range(min(count, num_experts)):
+        gain = torch.where(keep, -1, agg * ((1 << REDUNDANCY_BITS) - discount))
+        pick = torch.argmax(gain)  # the first maximum: ties to the lower index
+        keep = keep | (index == pick)
+        discount = torch.maximum(discount, table.index_select(0, pick.reshape(1))[0])
+    return keep & active
+
+
+def coverage_add(scores: torch.Tensor, agg: torch.Tensor, count: int, active: torch.Tensor) -> torch.Tensor:
+    """Coverage greedy: ``count`` times, keep the expert that adds the most *uncovered* routing mass.
+
+    With ``S`` the experts kept so far, token ``t`` is covered to ``m_t = sum_{i in S} q[t, i]`` and
+    candidate ``j`` gains ``sum_t (q[t, j] * max(ONE - m_t, 0)) >> 24``: a token whose routing mass the kept
+    experts already hold adds little, one they miss adds its full score.  So the batch's own
+    co-activation decides: an expert picked by the same tokens as one already kept ranks lower than
+    the aggregate alone would put it.  All in int64 (each term below ``2**25``, so exact for any T the
+    kernels take).  Ties go
+    to the larger aggregate, then the lower index; with every token covered, the rest of the budget
+    goes by aggregate.
+
+    Parameters
+    ----------
+    scores : Tensor, shape [T, E], int64
+        Fixed-point per-token scores (``2**24`` = 1), zero on rows that do not vote.
+    agg : Tensor, shape [E], int64
+        Their column sums.
+    count : int
+    active : Tensor, shape [], bool
+
+    Returns
+    -------
+    Tensor, shape [E], bool
+    """
+    num_experts = agg.shape[-1]
+    keep = torch.zeros(num_experts, dtype=torch.bool, device=agg.device)
+    index = torch.arange(num_experts, device=agg.device)
+    for _ in range(min(count, num_experts)):
+        covered = torch.where(keep[None, :], scores, 0).sum(dim=1)
+        gain = ((scores * (SCORE_ONE - covered).clamp(min=0)[:, None]) >> SCORE_FRACTION_BITS).sum(dim=0)
+        key = torch.where(keep, -1, gain)
+        tied = key == key.max()
+        best_agg = torch.where(tied, agg, -1).max()
+        pick = torch.argmax((tied & (agg == best_agg)).to(torch.int8))  # the first such expert
+        keep = keep | (index == pick)
+    return keep & active

@@ -66,3 +66,63 @@ def plot_pareto(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_study(families: dict[str, list[dict]], path: str | Path, title: str, *, seeds: Sequence[str] = ()) -> Path:
+    """One PNG of a Pareto study: speed-up against top-1 agreement, one line per method.
+
+    Parameters
+    ----------
+    families : dict of str to list of dict
+        Method -> points ``{"top1_agree": float, "low": float, "high": float, "speedup": float}``
+        (fractions; ``low``/``high`` the interval, drawn as horizontal bars).
+    path : str or Path
+    title : str
+    seeds : sequence of str
+        The methods that existed before (their joint Pareto frontier is drawn dashed); the first is
+        drawn as grey points, the others as lines like the new methods.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    colours = iter(plt.get_cmap("tab10").colors)
+    seed_points = [p for name, points in families.items() if name in seeds for p in points]
+    for name, points in families.items():
+        points = sorted(points, key=lambda p: p["top1_agree"])
+        xs = [100 * p["top1_agree"] for p in points]
+        ys = [p["speedup"] for p in points]
+        errors = [
+            [100 * (p["top1_agree"] - p["low"]) for p in points],
+            [100 * (p["high"] - p["top1_agree"]) for p in points],
+        ]
+        if seeds and name == seeds[0]:
+            ax.errorbar(xs, ys, xerr=errors, fmt="o", color="0.6", ms=4, elinewidth=0.8, label=name)
+        else:
+            ax.errorbar(xs, ys, xerr=errors, fmt="o-", color=next(colours), ms=4, lw=1.2, elinewidth=0.8, label=name)
+    if seed_points:
+        front = sorted(
+            (seed_points[i] for i in pareto_front([(p["top1_agree"], p["speedup"]) for p in seed_points])),
+            key=lambda p: p["top1_agree"],
+        )
+        ax.plot(
+            [100 * p["top1_agree"] for p in front],
+            [p["speedup"] for p in front],
+            "--",
+            color="0.4",
+            lw=1,
+            label="seed frontier",
+        )
+    ax.set_xlabel("top-1 agreement with the unpruned model (%), 95% interval")
+    ax.set_ylabel("modeled MoE speed-up (x)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

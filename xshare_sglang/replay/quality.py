@@ -118,6 +118,7 @@ class QualityRow:
     speedup: float
     accept_len: Interval | None = None  # verify policies with a draft model: accepted draft tokens per step
     unpruned_accept_len: Interval | None = None  # the same trees verified by the unpruned model
+    family: str = ""  # policy_family(): the policy and the settings that make it a different method
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -162,6 +163,71 @@ def teacher_forced_logprobs(
         stats += [s for s in hook.stats if s.phase in ("decode", "verify")]
         out.append(torch.cat(parts, dim=1))
     return torch.cat(out, dim=0), stats
+
+
+def calibration_windows(model_dir: Path, tokenizer, per_domain: int, length: int) -> torch.Tensor:
+    """Windows of ``length + 1`` tokens from the *end* of each domain's held-out text, domains
+    interleaved: calibration data that the evaluation windows (taken from the start) never read.
+
+    Raises
+    ------
+    ValueError
+        If a domain's text is too short to keep the calibration and evaluation tokens apart.
+    """
+    from .tiny_demo import heldout_texts
+    from .tiny_model import DOMAINS
+
+    rows = {}
+    for domain in DOMAINS:
+        ids: list[int] = []
+        for text in heldout_texts(model_dir, domain):
+            ids += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+        needed = per_domain * (length + 1)
+        if len(ids) < 2 * needed:
+            raise ValueError(
+                f"held-out {domain} text has {len(ids)} tokens: too few for {per_domain} calibration windows of "
+                f"{length + 1} tokens apart from as many evaluation windows"
+            )
+        rows[domain] = torch.tensor(ids[-needed:]).reshape(per_domain, length + 1)
+    return torch.stack([rows[d][i] for i in range(per_domain) for d in DOMAINS])
+
+
+@torch.no_grad()
+def calibrate_model_dir(model_dir: Path, settings: QualitySettings, path: Path):
+    """Load the model of ``model_dir`` and :func:`calibrate_tiny` it on :func:`calibration_windows`
+    (as many windows, as long, as the evaluation reads)."""
+    from .tiny_model import load_tiny_model
+
+    model, tokenizer = load_tiny_model(model_dir)
+    windows = calibration_windows(model_dir, tokenizer, settings.windows_per_domain, settings.window_tokens)
+    return calibrate_tiny(model, windows, requests=settings.requests, path=path)
+
+
+def calibrate_tiny(model, windows: torch.Tensor, *, requests: int, path: Path):
+    """Write the calibration file of ``xshare-sglang calibrate --from-trace`` for ``windows`` decoded
+    ``requests`` at a time by the unpruned model (the layer calls a decode server would run).
+
+    Returns the :class:`~xshare_sglang.config.StaticRanking` written to ``path``.
+    """
+    from ..serving.recorder_dump import ExpertCounts, write_static_ranking
+    from ..serving.routing_stats import stats_from_trace
+
+    stats = None
+    steps = 0
+    for start in range(0, windows.shape[0], requests):
+        batch = windows[start : start + requests]
+        past = None
+        with RouterHook(model, None, record=True) as hook:
+            for pos in range(batch.shape[1] - 1):
+                past = model(input_ids=batch[:, pos : pos + 1], past_key_values=past, use_cache=True).past_key_values
+        batch_stats = stats_from_trace(hook.trace())
+        steps += batch.shape[1] - 1
+        if stats is None:
+            stats = batch_stats
+        else:
+            stats.merge(batch_stats)
+    counts = ExpertCounts(counts=stats.counts(), forward_passes=steps, files=(), kinds=(), stats=stats)
+    return write_static_ranking(counts, path, str(getattr(model.config, "_name_or_path", "") or None))
 
 
 def token_measures(reference: torch.Tensor, pruned: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -345,6 +411,7 @@ def run_quality(
             QualityRow(
                 policy=cfg.policy,
                 params=" ".join(f"{k}={v}" for k, v in cfg.policy_parameters().items()),
+                family=policy_family(cfg),
                 batch=batch,
                 tokens=int(targets.numel()),
                 experts=activated / max(len(stats), 1),
@@ -360,15 +427,145 @@ def run_quality(
     return QualityReport(model_dir.name, rows, routing_profile(model, windows, settings))
 
 
-def quality_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
-    """The default comparison: the demo's decode settings (without its near-lossless ``xshare k0=2``)
-    and three verify settings, scaled to the model's top-k."""
+def quality_configs(top_k: int, num_experts: int, calibration: Path | None = None) -> list[PrunerConfig]:
+    """The default comparison: the demo's decode settings (without its near-lossless ``xshare k0=2``),
+    ``moe-spec`` with the coverage ranking at the demo's budgets (and with calibrated per-layer budgets
+    when a ``calibration`` file is given), and three verify settings, scaled to the model's top-k."""
     from .tiny_demo import demo_configs
 
     decode = [c for c in demo_configs(top_k, num_experts) if not (c.policy == "xshare" and c.k0 == 2)]
+    budgets = [min(num_experts, 2 * top_k), min(num_experts, 4 * top_k)]
+    decode += [PrunerConfig(policy="moe-spec", max_experts=b, ranking="coverage") for b in budgets]
+    if calibration is not None:
+        decode.append(
+            PrunerConfig(
+                policy="moe-spec",
+                max_experts=budgets[0],
+                ranking="coverage",
+                budget_allocation="calibrated",
+                static_ranking_path=str(calibration),
+            )
+        )
     return [
         *decode,
         PrunerConfig(policy="xshare-spec", k0=1, request_budget=top_k, budget=0),
         PrunerConfig(policy="moe-spec", max_experts=min(num_experts, top_k), scope="request"),
         PrunerConfig(policy="moe-spec", max_experts=min(num_experts, 2 * top_k), scope="request"),
     ]
+
+
+def policy_family(cfg: PrunerConfig) -> str:
+    """The method a configuration runs: its policy, plus the ranking and budget allocation for
+    ``moe-spec`` when they are not the paper's (``router``, ``uniform``)."""
+    parts = [cfg.policy]
+    if cfg.policy == "moe-spec":
+        if cfg.ranking != "router":
+            parts.append(f"ranking={cfg.ranking}")
+        if cfg.budget_allocation != "uniform":
+            parts.append(f"budget_allocation={cfg.budget_allocation}")
+        if cfg.scope != "batch":
+            parts.append(f"scope={cfg.scope}")
+    return " ".join(parts)
+
+
+#: Families no paper describes: judged against the seed policies' frontier.
+NEW_FAMILY_MARKERS = ("ranking=coverage", "ranking=coactivation", "budget_allocation=calibrated")
+
+
+def is_new_family(family: str) -> bool:
+    return any(marker in family for marker in NEW_FAMILY_MARKERS)
+
+
+def study_configs(top_k: int, num_experts: int, calibration: Path) -> list[PrunerConfig]:
+    """The Pareto study on decode batches: every seed policy at several operating points, then
+    ``moe-spec`` with each new ranking and budget allocation at the budgets of the plain one.
+
+    ``calibration`` is the file ``xshare-sglang calibrate`` wrote for this model (see
+    :func:`calibrate_tiny`)."""
+    path = str(calibration)
+    budgets = sorted({min(num_experts, max(1, round(top_k * m))) for m in (1, 1.5, 2, 3, 4, 5)})
+    configs = [PrunerConfig(policy="none")]
+    configs += [PrunerConfig(policy="xshare", k0=1, budget=b) for b in sorted({0, 1, 2, top_k, 2 * top_k, 3 * top_k})]
+    configs += [PrunerConfig(policy="xshare-threshold", k0=1, tau=tau) for tau in (0.6, 0.7, 0.8, 0.9)]
+    configs += [PrunerConfig(policy="oea", k0=k0) for k0 in (1, 2) if k0 <= top_k]
+    configs += [PrunerConfig(policy="lynx", alpha=alpha, beta=4) for alpha in (1.0, 2.0, 4.0)]
+    variants = (
+        {},
+        {"ranking": "coverage"},
+        {"budget_allocation": "calibrated", "static_ranking_path": path},
+        {"ranking": "coverage", "budget_allocation": "calibrated", "static_ranking_path": path},
+        {"ranking": "coactivation", "static_ranking_path": path},
+    )
+    for variant in variants:
+        configs += [PrunerConfig(policy="moe-spec", max_experts=b, **variant) for b in budgets]
+    return configs
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one new family compares with the seed policies on one batch shape.
+
+    ``dominated`` lists the seed operating points on the seeds' own Pareto frontier (speed-up against
+    top1_agree) that some point of the family beats outright: at least the same modeled speed-up
+    and a top1_agree interval entirely above the seed's.  ``beaten_by`` lists the family's points
+    that a seed point beats the same way.
+    """
+
+    family: str
+    batch: str
+    dominated: tuple[str, ...]
+    beaten_by: tuple[str, ...]
+    #: per budget B shared with plain ``moe-spec`` (router ranking, uniform budgets): ``"better"`` or
+    #: ``"worse"`` when the top1_agree intervals do not overlap, else ``"same"``
+    versus_router: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def dominates(self) -> bool:
+        """The issue's bar: the seed frontier is beaten at two or more operating points."""
+        return len(self.dominated) >= 2
+
+
+def _beats(a: QualityRow, b: QualityRow) -> bool:
+    return a.speedup >= b.speedup and a.top1_agree.low > b.top1_agree.high
+
+
+def pareto_verdicts(rows: list[QualityRow]) -> list[Verdict]:
+    """One :class:`Verdict` per new family and batch shape of ``rows`` (from :func:`run_quality`)."""
+    verdicts = []
+    for batch in dict.fromkeys(r.batch for r in rows):
+        same = [r for r in rows if r.batch == batch and r.policy != "none"]
+        seeds = [r for r in same if not is_new_family(r.family)]
+        frontier = [
+            s
+            for s in seeds
+            if not any(
+                o is not s
+                and o.speedup >= s.speedup
+                and o.top1_agree.mean >= s.top1_agree.mean
+                and (o.speedup, o.top1_agree.mean) != (s.speedup, s.top1_agree.mean)
+                for o in seeds
+            )
+        ]
+        for family in dict.fromkeys(r.family for r in same if is_new_family(r.family)):
+            points = [r for r in same if r.family == family]
+            dominated = tuple(f"{s.policy} {s.params}" for s in frontier if any(_beats(p, s) for p in points))
+            beaten = tuple(p.params for p in points if any(_beats(s, p) for s in seeds))
+            router = {_budget(r): r for r in same if r.family == "moe-spec"}
+            versus = tuple((_budget(p), _compare(p, router[_budget(p)])) for p in points if _budget(p) in router)
+            verdicts.append(Verdict(family, batch, dominated, beaten, versus))
+    return verdicts
+
+
+def _budget(row: QualityRow) -> int | None:
+    for part in row.params.split():
+        if part.startswith("max_experts="):
+            return int(part.split("=", 1)[1])
+    return None
+
+
+def _compare(a: QualityRow, b: QualityRow) -> str:
+    if a.top1_agree.low > b.top1_agree.high:
+        return "better"
+    if a.top1_agree.high < b.top1_agree.low:
+        return "worse"
+    return "same"

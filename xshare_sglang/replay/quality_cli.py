@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -38,6 +39,19 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
         "of a Qwen3-MoE checkpoint with heldout_{code,math,prose}.jsonl",
     )
     parser.add_argument("--configs", help="JSON file holding a list of PrunerConfig objects to compare")
+    parser.add_argument(
+        "--study",
+        action="store_true",
+        help="the Pareto study instead of the default list: every seed policy at several operating points and "
+        "moe-spec with each new ranking and budget allocation, then which seed points each new one beats",
+    )
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="calibration file for the configurations that read one (moe-spec with --moe-pruner-budget-allocation "
+        "calibrated or ranking coactivation); written first, from held-out text the evaluation never reads, when "
+        "it does not exist (default: a temporary file)",
+    )
     parser.add_argument("--requests", type=int, default=8, help="R, requests per forward (default: %(default)s)")
     parser.add_argument(
         "--draft-tokens", type=int, default=4, help="D, tokens per request in verify forwards (default: %(default)s)"
@@ -60,7 +74,7 @@ def quality_handler(args: argparse.Namespace) -> int:
     """Validate every argument, then measure, print the table and write the files."""
     from rich.table import Table
 
-    from .quality import QualitySettings, quality_configs, run_quality
+    from .quality import QualitySettings, pareto_verdicts, quality_configs, run_quality, study_configs
     from .tiny_model import model_dir_arg
 
     settings = QualitySettings(
@@ -72,19 +86,36 @@ def quality_handler(args: argparse.Namespace) -> int:
     )
     model_dir = model_dir_arg(args.model)
     top_k, num_experts = _model_shape(model_dir)
-    if args.configs:
-        from ..cli import _configs_file
-
-        configs = _configs_file(args.configs)
-    else:
-        configs = quality_configs(top_k, num_experts)
-    if configs[0].policy != "none":
-        configs = [PrunerConfig(policy="none"), *configs]
-    draft_dir, draft_note = _draft_dir(args.draft, model_dir)
+    if args.study and args.configs:
+        raise ValueError("--study and --configs: choose one (the study has its own list of configurations)")
+    calibration = Path(args.calibration) if args.calibration else None
+    if calibration is not None and calibration.is_dir():
+        raise ValueError(f"--calibration {args.calibration}: is a folder, expected a file path")
+    if args.configs and not Path(args.configs).is_file():
+        raise ValueError(f"--configs {args.configs}: no such file")
     if args.json and Path(args.json).is_dir():
         raise ValueError(f"--json {args.json}: is a folder, expected a file path")
     if args.plot_dir and Path(args.plot_dir).exists() and not Path(args.plot_dir).is_dir():
         raise ValueError(f"--plot-dir {args.plot_dir}: is a file, expected a folder")
+    draft_dir, draft_note = _draft_dir(args.draft, model_dir)
+    if calibration is None and not args.configs:
+        import tempfile
+
+        calibration = Path(tempfile.mkdtemp(prefix="xshare-quality-")) / "calibration.json"
+    if calibration is not None and not calibration.exists():
+        from .quality import calibrate_model_dir
+
+        calibrate_model_dir(model_dir, settings, calibration)
+    if args.configs:
+        from ..cli import _configs_file
+
+        configs = _configs_file(args.configs)
+    elif args.study:
+        configs = study_configs(top_k, num_experts, calibration)
+    else:
+        configs = quality_configs(top_k, num_experts, calibration)
+    if configs[0].policy != "none":
+        configs = [PrunerConfig(policy="none"), *configs]
 
     from rich.console import Console
 
@@ -139,8 +170,31 @@ def quality_handler(args: argparse.Namespace) -> int:
     )
     for column, note in COLUMN_NOTES:
         console.print(f"  {column}: {note}")
+    verdicts = pareto_verdicts(rows)
+    for verdict in verdicts:
+        outcome = "dominates the seed frontier" if verdict.dominates else "does not dominate the seed frontier"
+        console.print(
+            f"{verdict.family} ({verdict.batch}): {outcome}: beats {len(verdict.dominated)} seed frontier point(s)"
+            + (f" ({'; '.join(verdict.dominated)})" if verdict.dominated else "")
+            + f"; {len(verdict.beaten_by)} of its points beaten by a seed point"
+            + " (beat: at least the same speed-up, top1_agree interval entirely above)"
+        )
+        if verdict.versus_router:
+            counts = {
+                word: sum(1 for _, w in verdict.versus_router if w == word) for word in ("better", "same", "worse")
+            }
+            console.print(
+                f"  against plain moe-spec at the same budget: better at {counts['better']}, indistinguishable at "
+                f"{counts['same']}, worse at {counts['worse']} of {len(verdict.versus_router)} budgets ("
+                + ", ".join(f"B={b}: {w}" for b, w in verdict.versus_router)
+                + ")"
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2))
+        doc = report.as_dict()
+        doc["verdicts"] = [dataclasses.asdict(v) | {"dominates": v.dominates} for v in verdicts]
+        if calibration is not None:
+            doc["calibration"] = str(calibration)
+        Path(args.json).write_text(json.dumps(doc, indent=2))
         console.print(f"wrote {args.json}")
     if args.plot_dir:
         from .plot import plot_pareto
@@ -155,6 +209,29 @@ def quality_handler(args: argparse.Namespace) -> int:
             panels, out / "quality_pareto.png", model_dir.name, x_key="top1_agree", x_label="top-1 agreement (%)"
         )
         console.print(f"wrote {plot}")
+        if args.study:
+            from .plot import plot_study
+            from .quality import is_new_family
+
+            families: dict[str, list[dict]] = {}
+            for row in rows:
+                if row.policy == "none":
+                    continue
+                name = row.family if (is_new_family(row.family) or row.family == "moe-spec") else "seed policies"
+                point = {
+                    "top1_agree": row.top1_agree.mean,
+                    "low": row.top1_agree.low,
+                    "high": row.top1_agree.high,
+                    "speedup": row.speedup,
+                }
+                families.setdefault(name, []).append(point)
+            study = plot_study(
+                families,
+                out / "quality_study.png",
+                f"{model_dir.name}: {rows[1].batch}",
+                seeds=("seed policies", "moe-spec"),
+            )
+            console.print(f"wrote {study}")
     return 0
 
 

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from ..config import STATIC_RANKING_FORMAT, STATIC_RANKING_VERSION, StaticRanking, load_static_ranking
+from .routing_stats import RoutingStats
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +153,18 @@ class ExpertCounts:
         ``per_pass``/``per_token``: records, summed over ranks).
     files : tuple of Path
     kinds : tuple of str
-        ``"stat"`` or ``"per_pass"`` per file (``per_token`` files have the ``per_pass`` layout).
+        ``"stat"`` or ``"per_pass"`` per file (``per_token`` files have the ``per_pass`` layout),
+        or ``"trace"``.
+    stats : RoutingStats or None
+        Co-activation counts and budget curves, when the source kept each pass's top-k ids
+        (``per_token`` dumps, traces).
     """
 
     counts: torch.Tensor
     forward_passes: int
     files: tuple[Path, ...]
     kinds: tuple[str, ...]
+    stats: RoutingStats | None = None
 
     @property
     def num_layers(self) -> int:
@@ -215,7 +221,25 @@ def _read_stat(path: Path, data: dict) -> tuple[torch.Tensor, int]:
     return count.sum(0), passes
 
 
-def _read_per_pass(path: Path, data: dict) -> tuple[torch.Tensor, int]:
+def _add_token_picks(path: Path, stats: RoutingStats, index: int, record: dict, mapping: torch.Tensor) -> None:
+    """Add one ``per_token`` record's top-k ids (physical, ``[layers, T, k]``) to ``stats``, one group."""
+    ids = record["topk_ids_of_layer"]
+    if (
+        not isinstance(ids, torch.Tensor)
+        or ids.dim() != 3
+        or ids.is_floating_point()
+        or ids.shape[0] != mapping.shape[0]
+    ):
+        raise _bad_dump(path, f'record {index} "topk_ids_of_layer" must be an integer [num_layers, T, k] tensor')
+    ids = ids.to(torch.int64).cpu()
+    valid = (ids >= 0) & (ids < mapping.shape[1])
+    for layer in range(ids.shape[0]):
+        logical = torch.where(valid[layer], mapping[layer][ids[layer].clamp(0, mapping.shape[1] - 1)], -1)
+        if bool(valid[layer].any()):
+            stats.add(layer, logical)
+
+
+def _read_per_pass(path: Path, data: dict) -> tuple[torch.Tensor, int, RoutingStats | None]:
     mapping = data.get("last_physical_to_logical_map")
     if not isinstance(mapping, torch.Tensor) or mapping.dim() != 2 or mapping.is_floating_point():
         raise _bad_dump(path, '"last_physical_to_logical_map" must be an integer [num_layers, num_physical] tensor')
@@ -227,6 +251,7 @@ def _read_per_pass(path: Path, data: dict) -> tuple[torch.Tensor, int]:
         raise _bad_dump(path, f'"records" is {type(records).__name__}, not a list')
     physical = torch.zeros(mapping.shape, dtype=torch.int64)
     passes = 0
+    stats = None
     for i, record in enumerate(records):
         if not isinstance(record, dict) or "global_physical_count" not in record:
             raise _bad_dump(path, f'record {i} has no "global_physical_count"')
@@ -239,10 +264,14 @@ def _read_per_pass(path: Path, data: dict) -> tuple[torch.Tensor, int]:
             )
         physical += count.cpu()
         passes += int(count.sum() > 0)
+        if "topk_ids_of_layer" in record:
+            if stats is None:
+                stats = RoutingStats.empty(mapping.shape[0], int(mapping.max()) + 1)
+            _add_token_picks(path, stats, i, record, mapping)
     # Fold replicas onto their logical expert: every logical expert has at least one physical slot.
     logical = torch.zeros((mapping.shape[0], int(mapping.max()) + 1), dtype=torch.int64)
     logical.scatter_add_(1, mapping, physical)
-    return logical, passes
+    return logical, passes, stats
 
 
 def read_dump(paths: Sequence[str | os.PathLike[str]]) -> ExpertCounts:
@@ -268,6 +297,8 @@ def read_dump(paths: Sequence[str | os.PathLike[str]]) -> ExpertCounts:
         raise CalibrationError("no dump file to read")
     total: torch.Tensor | None = None
     passes = 0
+    stats: RoutingStats | None = None
+    stats_files = 0
     kinds = []
     files = tuple(Path(p) for p in paths)
     for path in files:
@@ -284,8 +315,14 @@ def read_dump(paths: Sequence[str | os.PathLike[str]]) -> ExpertCounts:
             counts, n = _read_stat(path, data)
             kinds.append("stat")
         elif "records" in data:
-            counts, n = _read_per_pass(path, data)
+            counts, n, file_stats = _read_per_pass(path, data)
             kinds.append("per_pass")
+            if file_stats is not None:
+                stats_files += 1
+                if stats is None:
+                    stats = file_stats
+                elif file_stats.coactivation.shape == stats.coactivation.shape:
+                    stats.merge(file_stats)
         else:
             raise _bad_dump(
                 path,
@@ -302,7 +339,15 @@ def read_dump(paths: Sequence[str | os.PathLike[str]]) -> ExpertCounts:
     assert total is not None
     if total.numel() == 0:
         raise _bad_dump(files[0], "its counts are empty (no layers or no experts)")
-    return ExpertCounts(counts=total, forward_passes=passes, files=files, kinds=tuple(kinds))
+    if stats is not None and stats_files != len(files):
+        logger.warning(
+            "only %d of %d dump files hold per-token top-k ids (per_token mode): no co-activation counts or budget "
+            "curves are written",
+            stats_files,
+            len(files),
+        )
+        stats = None
+    return ExpertCounts(counts=total, forward_passes=passes, files=files, kinds=tuple(kinds), stats=stats)
 
 
 # ------------------------------------------------------------------------------- ranking file
@@ -317,6 +362,9 @@ def ranking_document(counts: ExpertCounts, model: str | None = None) -> dict[str
         "num_experts": counts.num_experts,
         "counts": counts.counts.tolist(),
     }
+    if counts.stats is not None:
+        doc["coactivation"] = counts.stats.coactivation.round().long().tolist()
+        doc["budget_curves"] = [[round(v, 6) for v in row] for row in counts.stats.budget_curves().tolist()]
     if model:
         doc["model"] = model
     return doc

@@ -69,6 +69,7 @@ from .recorder_dump import (
     read_dump,
     write_static_ranking,
 )
+from .routing_stats import stats_from_trace
 
 logger = logging.getLogger(__name__)
 
@@ -499,7 +500,15 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         "--from-dump",
         metavar="PATH",
         nargs="+",
-        help="convert existing recorder dump(s) instead: files (summed), or a folder (its newest dump); no server",
+        help="convert existing recorder dump(s) instead: files (summed), or a folder (its newest dump); no server. "
+        "per_token dumps also give the co-activation counts and budget curves",
+    )
+    source.add_argument(
+        "--from-trace",
+        metavar="PATH",
+        nargs="+",
+        help="count an xshare-trace instead (files, or folders of a server's --moe-pruner-trace-dir): counts, "
+        "co-activation counts and budget curves; no server",
     )
     parser.add_argument(
         "-o",
@@ -580,7 +589,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ValueError(
                 f"--num-prompts {args.num_prompts} is invalid: --dataset {args.dataset} has {available} prompts"
             )
-    if args.from_dump is not None:
+    if args.from_dump is not None or args.from_trace is not None:
         workload_flags = {
             "--no-workload": args.no_workload,
             "--num-prompts": args.num_prompts is not None,
@@ -590,7 +599,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         }
         used = [flag for flag, given in workload_flags.items() if given]
         if used:
-            raise ValueError(f"{', '.join(used)}: workload flags need --url, not --from-dump")
+            source = "--from-dump" if args.from_dump is not None else "--from-trace"
+            raise ValueError(f"{', '.join(used)}: workload flags need --url, not {source}")
 
 
 def _server_workload(args: argparse.Namespace, client: RecorderClient, model_info: dict, work_dir: Path) -> Workload:
@@ -651,6 +661,39 @@ def calibrate_from_server(args: argparse.Namespace) -> tuple[ExpertCounts, str |
     return counts, model_info.get("model_path")
 
 
+def counts_from_traces(paths: Sequence[str]) -> tuple[ExpertCounts, str | None]:
+    """Counts and routing statistics of ``xshare-trace`` files or folders; returns them and the model
+    the traces name."""
+    from ..replay.trace import load_trace, load_trace_dir
+
+    stats = None
+    files, passes, model = [], 0, None
+    for item in paths:
+        path = Path(item)
+        if not path.exists():
+            raise CalibrationError(f"--from-trace {item}: no such file or folder")
+        try:
+            trace = load_trace_dir(path) if path.is_dir() else load_trace(path)
+        except ValueError as exc:
+            raise CalibrationError(f"--from-trace {item}: {exc}") from None
+        trace_stats = stats_from_trace(trace)
+        if stats is None:
+            stats = trace_stats
+        else:
+            try:
+                stats.merge(trace_stats)
+            except ValueError as exc:
+                raise CalibrationError(f"--from-trace {item}: {exc}") from None
+        files.append(path)
+        passes += len({call.step for call in trace.calls})
+        model = model or trace.meta.model
+    assert stats is not None
+    counts = ExpertCounts(
+        counts=stats.counts(), forward_passes=passes, files=tuple(files), kinds=("trace",) * len(files), stats=stats
+    )
+    return counts, model
+
+
 def calibrate_handler(args: argparse.Namespace) -> int:
     """``xshare-sglang calibrate``: record or convert, write the ranking, print a summary."""
     _check_flags(args)
@@ -658,6 +701,8 @@ def calibrate_handler(args: argparse.Namespace) -> int:
         if args.from_dump is not None:
             paths = [p for item in args.from_dump for p in dump_paths(item)]
             counts, server_model = read_dump(paths), None
+        elif args.from_trace is not None:
+            counts, server_model = counts_from_traces(args.from_trace)
         else:
             counts, server_model = calibrate_from_server(args)
         model = args.model or server_model
@@ -698,3 +743,15 @@ def _print_summary(counts: ExpertCounts, ranking: StaticRanking, output: Path) -
         f"use it: --moe-pruner moe-spec --moe-pruner-ranking static --moe-pruner-static-ranking-path {output} "
         "--moe-pruner-max-experts B"
     )
+    if counts.stats is not None:
+        example = min(16, counts.num_experts)
+        budgets = ranking.layer_budgets(example)
+        shown = ", ".join(f"{layer}:{budgets[layer]}" for layer in layers)
+        console.print(
+            f"co-activation counts and budget curves written; with --moe-pruner-max-experts {example} the calibrated "
+            f"per-layer budgets are {shown}"
+        )
+        console.print(
+            f"use them: --moe-pruner moe-spec --moe-pruner-static-ranking-path {output} --moe-pruner-max-experts B "
+            "--moe-pruner-budget-allocation calibrated and/or --moe-pruner-ranking coactivation"
+        )

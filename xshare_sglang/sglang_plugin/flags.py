@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..config import COVERAGES, PHASES, POLICIES, RANKINGS, SCOPES, SCORES, PrunerConfig
+from ..config import BUDGET_ALLOCATIONS, COVERAGES, PHASES, POLICIES, RANKINGS, SCOPES, SCORES, PrunerConfig
 from ..spec.echo.settings import DEFAULT_LOG_EVERY as DEFAULT_ECHO_LOG_EVERY
 from ..spec.echo.settings import DEFAULT_LOG_MAX_RECORDS as DEFAULT_ECHO_LOG_MAX_RECORDS
 from .settings import DEFAULT_LOG_INTERVAL, DEFAULT_TRACE_EVERY, DEFAULT_TRACE_MAX_MB, ENV_VAR, PluginSettings
@@ -112,8 +112,20 @@ FIELD_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("tau", _real, "xshare-threshold keeps this share of the batch's score mass, in (0, 1]"),
     FlagSpec("score", None, "per-token score that aggregates sum (default: the policy's)", SCORES),
     FlagSpec("coverage", None, "route inside the kept set by substitution or truncation", COVERAGES),
-    FlagSpec("ranking", None, "moe-spec ranks by router scores or by a static calibration file", RANKINGS),
-    FlagSpec("static_ranking_path", str, "static-ranking JSON file for --moe-pruner-ranking static", metavar="PATH"),
+    FlagSpec(
+        "ranking",
+        None,
+        "moe-spec ranks by router scores, by calibration counts (static), or by router scores discounted by "
+        "calibration co-activation (coactivation)",
+        RANKINGS,
+    ),
+    FlagSpec(
+        "static_ranking_path",
+        str,
+        "calibration JSON file (xshare-sglang calibrate) for --moe-pruner-ranking static/coactivation and "
+        "--moe-pruner-budget-allocation calibrated",
+        metavar="PATH",
+    ),
     FlagSpec("alpha", _real, "LYNX bin scale (bins are 1/alpha wide in logit units), > 0"),
     FlagSpec("beta", _positive_int, "LYNX lowest bin index, >= 1"),
     FlagSpec(
@@ -135,6 +147,13 @@ FIELD_FLAGS: tuple[FlagSpec, ...] = (
         _real,
         "speculative verify: a draft node at depth d votes with weight X**d, in (0, 1]; nodes that can "
         "never be accepted do not vote",
+    ),
+    FlagSpec(
+        "budget_allocation",
+        None,
+        "moe-spec: the same --moe-pruner-max-experts in every layer (uniform), or per-layer budgets averaging it, "
+        "set from the calibration file's budget curves (calibrated)",
+        BUDGET_ALLOCATIONS,
     ),
 )
 

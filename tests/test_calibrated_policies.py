@@ -1,0 +1,356 @@
+"""``moe-spec`` beyond the paper: calibrated per-layer budgets, the coverage ranking and the
+co-activation ranking.
+
+The statistics (:mod:`xshare_sglang.serving.routing_stats`) on hand-built calls; the budget
+allocation against brute force; the two greedy rankings against hand-worked cases and against plain
+top-B where they must agree with it; the kernel against the reference; the file format, the config
+errors and ``xshare-sglang calibrate --from-trace`` as a user runs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.strategies import make_logits
+from xshare_sglang import PrunerConfig
+from xshare_sglang.config import REDUNDANCY_BITS, allocate_layer_budgets
+from xshare_sglang.kernels import prune_route
+from xshare_sglang.policies.greedy import coactivation_add, coverage_add
+from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
+from xshare_sglang.policies.routing import RouterSpec
+from xshare_sglang.replay.trace import LayerCall, Trace, TraceMeta
+from xshare_sglang.serving.recorder_dump import ExpertCounts, read_dump, write_static_ranking
+from xshare_sglang.serving.routing_stats import RoutingStats, stats_from_trace
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ONE = 1 << REDUNDANCY_BITS
+
+
+def _calibration_file(tmp_path, num_layers: int = 3, num_experts: int = 64, top_k: int = 4, seed: int = 0):
+    """A calibration file from random routing whose layers differ in how concentrated they are."""
+    generator = torch.Generator().manual_seed(seed)
+    stats = RoutingStats.empty(num_layers, num_experts)
+    for layer in range(num_layers):
+        for _ in range(12):
+            popularity = torch.linspace(1.5, 0.0, num_experts) * layer  # layer 0 uniform, later ones skewed
+            logits = torch.randn(16, num_experts, generator=generator) + popularity
+            stats.add(layer, logits.topk(top_k).indices)
+    counts = ExpertCounts(counts=stats.counts(), forward_passes=12, files=(), kinds=(), stats=stats)
+    path = tmp_path / "calibration.json"
+    write_static_ranking(counts, path)
+    return path
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def test_routing_stats_count_pairs_and_curves() -> None:
+    stats = RoutingStats.empty(2, 5)
+    # layer 0: token picks {0, 1}, {0, 2}, {0, 1}; one group
+    stats.add(0, torch.tensor([[0, 1], [2, 0], [1, 0]]))
+    # layer 1: two groups (requests 7 and 9), a missing pick (-1)
+    stats.add(1, torch.tensor([[3, -1], [3, 4], [4, 4]]), group_ids=torch.tensor([7, 9, 9]))
+    pairs = stats.coactivation.long()
+    assert pairs[0].tolist() == [[3, 2, 1, 0, 0], [2, 2, 0, 0, 0], [1, 0, 1, 0, 0], [0] * 5, [0] * 5]
+    assert stats.counts().tolist() == [[3, 2, 1, 0, 0], [0, 0, 0, 2, 2]]
+    curves = stats.budget_curves()
+    # layer 0: picks 3, 2, 1 of 6 -> 1/2, 5/6, 1
+    torch.testing.assert_close(curves[0], torch.tensor([0, 0.5, 5 / 6, 1, 1, 1], dtype=torch.float64))
+    # layer 1: request 7 picks {3}: 1 with one expert; request 9's tokens pick {3, 4} and {4} (a token
+    # counts an expert once): 2 of 3 with one expert, 1 with two -> mean 5/6, then 1
+    torch.testing.assert_close(curves[1], torch.tensor([0, 5 / 6, 1, 1, 1, 1], dtype=torch.float64))
+    assert stats.groups.tolist() == [1, 2]
+
+
+def test_stats_from_trace_group_verify_rows_by_request() -> None:
+    meta = TraceMeta(model="m", num_layers=1, num_experts=4, top_k=1, expert_bytes=(1,))
+    logits = torch.tensor([[5.0, 0, 0, 0], [0, 5.0, 0, 0], [0, 5.0, 0, 0], [0, 5.0, 0, 0]])
+    rows = torch.tensor([0, 0, 1, 1])
+    decode = Trace(meta, [LayerCall(0, 0, "decode", rows, logits=logits)])
+    verify = Trace(meta, [LayerCall(0, 0, "verify", rows, logits=logits)])
+    # one group of 4 picks (3 on expert 1): 3/4 with one expert
+    assert stats_from_trace(decode).budget_curves()[0, 1].item() == pytest.approx(0.75)
+    # requests {0, 1} -> 1/2 and {1, 1} -> 1: mean 3/4 with one expert as well, but 1 with two
+    per_request = stats_from_trace(verify).budget_curves()[0]
+    assert per_request[1].item() == pytest.approx(0.75) and per_request[2].item() == pytest.approx(1.0)
+    assert stats_from_trace(decode).budget_curves()[0, 2].item() == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------ budget allocation
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_allocation_maximizes_covered_picks(seed: int) -> None:
+    """Greedy water-filling equals the best of every allocation with the same total (concave curves)."""
+    generator = torch.Generator().manual_seed(seed)
+    num_layers, num_experts, mean = 3, 6, 2 + seed % 3
+    curves = []
+    for _ in range(num_layers):
+        steps = torch.sort(torch.rand(num_experts, generator=generator), descending=True).values
+        curves.append([0.0, *(torch.cumsum(steps, 0) / steps.sum()).tolist()])
+    budgets = allocate_layer_budgets(curves, mean)
+    assert sum(budgets) == num_layers * mean and all(1 <= b <= num_experts for b in budgets)
+    best = max(
+        sum(curves[layer][b] for layer, b in enumerate(choice))
+        for choice in itertools.product(range(1, num_experts + 1), repeat=num_layers)
+        if sum(choice) == num_layers * mean
+    )
+    assert sum(curves[layer][b] for layer, b in enumerate(budgets)) == pytest.approx(best)
+
+
+def test_allocation_skips_layers_calibration_never_reached() -> None:
+    flat = [0.0, 0.25, 0.5, 0.75, 1.0]
+    steep = [0.0, 0.9, 0.95, 1.0, 1.0]
+    dense = [0.0] * 5
+    # 2 active layers x mean 2 = 4 experts: the steep layer needs 1, the flat one gets 3
+    assert allocate_layer_budgets([steep, dense, flat], 2) == (1, 2, 3)
+    assert allocate_layer_budgets([steep, flat], 4) == (4, 4)  # the whole pool in each
+
+
+# ------------------------------------------------------------------------------ co-activation greedy
+
+
+def test_coactivation_greedy_passes_over_redundant_experts() -> None:
+    agg = torch.tensor([100, 90, 80, 10], dtype=torch.int64)
+    redundancy = torch.eye(4, dtype=torch.int32) * ONE
+    redundancy[0, 1] = redundancy[1, 0] = ONE * 3 // 4  # 0 and 1 nearly always picked together
+    active = torch.tensor(True)
+    # gains after 0: 90 * 1/4 = 22.5 for expert 1, 80 for expert 2 -> {0, 2}
+    assert coactivation_add(agg, redundancy, 2, active).tolist() == [True, False, True, False]
+    # third pick: 1 (22.5) beats 3 (10)
+    assert coactivation_add(agg, redundancy, 3, active).tolist() == [True, True, True, False]
+    assert not coactivation_add(agg, redundancy, 3, torch.tensor(False)).any()
+
+
+def test_coactivation_without_pairs_is_router_top_b(tmp_path) -> None:
+    """A file whose experts never co-activate ranks exactly as moe-spec's router ranking."""
+    num_experts = 24
+    doc = {
+        "format": "xshare-sglang.static-ranking",
+        "version": 1,
+        "counts": [[1.0] * num_experts],
+        "coactivation": torch.diag(torch.full((num_experts,), 5)).unsqueeze(0).tolist(),
+    }
+    path = tmp_path / "no_pairs.json"
+    path.write_text(json.dumps(doc))
+    coact = PrunerConfig(policy="moe-spec", max_experts=7, ranking="coactivation", static_ranking_path=str(path))
+    router = PrunerConfig(policy="moe-spec", max_experts=7)
+    for seed, num_valid in itertools.product(range(4), (9, 3, 0)):
+        logits = make_logits(9, num_experts, "integers" if seed % 2 else "normal", seed)
+        a = prune_route_reference(logits, coact, RouterSpec(2), num_valid_tokens=num_valid)
+        b = prune_route_reference(logits, router, RouterSpec(2), num_valid_tokens=num_valid)
+        assert torch.equal(a.keep, b.keep) and torch.equal(a.topk_ids, b.topk_ids)
+
+
+def test_calibrated_budgets_change_each_layer_and_keep_the_mean(tmp_path) -> None:
+    path = _calibration_file(tmp_path, num_layers=3, num_experts=64)
+    cfg = PrunerConfig(policy="moe-spec", max_experts=12, budget_allocation="calibrated", static_ranking_path=str(path))
+    budgets = [cfg.layer_budget(layer) for layer in range(3)]
+    assert sum(budgets) == 36 and len(set(budgets)) > 1
+    assert budgets == list(cfg.static_ranking.layer_budgets(12))
+    logits = make_logits(32, 64, "normal", 3)
+    for layer in range(3):
+        keep = prune_route_reference(logits, cfg, RouterSpec(4), layer_id=layer).keep
+        assert int(keep.sum()) == budgets[layer]
+
+
+# ------------------------------------------------------------------------------ coverage greedy
+
+
+def test_coverage_greedy_serves_the_tokens_the_kept_experts_miss() -> None:
+    half = 1 << 23  # 0.5 in fixed point
+    # tokens 0-2 split their mass over experts 0 and 1; token 3 puts all of it on expert 2
+    scores = torch.tensor(
+        [[half, half, 0, 0], [half, half, 0, 0], [half, half, 0, 0], [0, 0, 2 * half, 0]], dtype=torch.int64
+    )
+    agg = scores.sum(0)  # 1.5, 1.5, 1.0, 0: the aggregate ranks 0, 1, then 2
+    active = torch.tensor(True)
+    # first pick 0 (ties with 1 on gain and aggregate -> lower index); then 1 gains 3 * 0.5 * 0.5 = 0.75
+    # while 2 gains 1.0 (token 3 is not covered at all) -> {0, 2}
+    assert coverage_add(scores, agg, 2, active).tolist() == [True, False, True, False]
+    assert coverage_add(scores, agg, 3, active).tolist() == [True, True, True, False]
+    # every token covered: the rest of the budget goes by aggregate, then index
+    assert coverage_add(scores, agg, 4, active).tolist() == [True, True, True, True]
+    assert not coverage_add(scores, agg, 2, torch.tensor(False)).any()
+
+
+def test_coverage_equals_router_top_b_when_each_token_picks_one_expert() -> None:
+    """With top-1 routing a token is covered by its one expert: gains are the aggregates of the
+    experts not yet kept, so the greedy is plain top-B by aggregate."""
+    cover = PrunerConfig(policy="moe-spec", max_experts=5, ranking="coverage")
+    router = PrunerConfig(policy="moe-spec", max_experts=5, score="topk")
+    for seed in range(5):
+        logits = make_logits(40, 32, "normal", seed)
+        a = prune_route_reference(logits, cover, RouterSpec(1), num_valid_tokens=40 - seed)
+        b = prune_route_reference(logits, router, RouterSpec(1), num_valid_tokens=40 - seed)
+        assert torch.equal(a.keep, b.keep)
+
+
+def test_coverage_reads_the_topk_score_unless_told() -> None:
+    assert PrunerConfig(policy="moe-spec", max_experts=4, ranking="coverage").effective_score == "topk"
+    assert PrunerConfig(policy="moe-spec", max_experts=4, ranking="coverage", score="probs").effective_score == "probs"
+    assert PrunerConfig(policy="moe-spec", max_experts=4).effective_score == "probs"
+
+
+# ------------------------------------------------------------------------------ kernel = reference
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(0, 60), (1, 64), (7, 128), (64, 160), (255, 256)])
+@pytest.mark.parametrize(
+    "variant", ["coverage", "coverage-probs", "coactivation", "calibrated", "both", "calibrated-request"]
+)
+def test_kernel_matches_reference(tmp_path, variant: str, num_tokens: int, num_experts: int) -> None:
+    path = _calibration_file(tmp_path, num_layers=3, num_experts=num_experts, seed=num_tokens)
+    kwargs = dict(policy="moe-spec", max_experts=min(16, num_experts), static_ranking_path=str(path))
+    if variant in ("coactivation", "both"):
+        kwargs["ranking"] = "coactivation"
+    if variant.startswith("coverage"):
+        kwargs["ranking"] = "coverage"
+        kwargs["score"] = "probs" if variant == "coverage-probs" else None
+    if variant in ("calibrated", "both", "calibrated-request", "coverage"):
+        kwargs["budget_allocation"] = "calibrated"
+    if variant == "coverage-probs":
+        del kwargs["static_ranking_path"]
+    per_request = 1
+    if variant == "calibrated-request":
+        kwargs.update(scope="request", max_experts=4)
+        per_request = 4
+    cfg = PrunerConfig(**kwargs)
+    router = RouterSpec(8, renormalize=True) if variant != "coverage-probs" else RouterSpec(4, "sigmoid", True)
+    for layer in range(3):
+        logits = make_logits(num_tokens, num_experts, ["integers", "normal", "nonfinite"][layer], num_tokens + layer)
+        num_valid = max(0, num_tokens - 3) if layer == 2 else None
+        votes = torch.rand(num_tokens, generator=torch.Generator().manual_seed(layer)) if layer == 1 else None
+        want = prune_route_reference(
+            logits,
+            cfg,
+            router,
+            layer_id=layer,
+            tokens_per_request=per_request,
+            num_valid_tokens=num_valid,
+            token_weights=votes,
+        )
+        got = prune_route(
+            logits.to(DEVICE),
+            cfg,
+            router,
+            layer_id=layer,
+            tokens_per_request=per_request,
+            num_valid_tokens=None if num_valid is None else torch.tensor([num_valid], device=DEVICE),
+            token_weights=None if votes is None else votes.to(DEVICE),
+        )
+        label = f"{variant} T={num_tokens} E={num_experts} layer={layer}"
+        assert got.keep.cpu().tolist() == want.keep.tolist(), label
+        assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+        torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
+
+
+# ------------------------------------------------------------------------------ files and config errors
+
+
+def test_file_round_trip_and_old_files_still_load(tmp_path) -> None:
+    path = _calibration_file(tmp_path, num_layers=2, num_experts=16)
+    doc = json.loads(path.read_text())
+    assert len(doc["coactivation"]) == 2 and len(doc["coactivation"][0]) == 16
+    assert len(doc["budget_curves"][1]) == 17 and doc["budget_curves"][1][-1] == pytest.approx(1.0)
+    old = {k: doc[k] for k in ("format", "version", "counts")}
+    old_path = tmp_path / "old.json"
+    old_path.write_text(json.dumps(old))
+    PrunerConfig(policy="moe-spec", max_experts=4, ranking="static", static_ranking_path=str(old_path))
+    with pytest.raises(ValueError, match=r"budget_allocation='calibrated' needs a file with budget curves"):
+        PrunerConfig(
+            policy="moe-spec", max_experts=4, budget_allocation="calibrated", static_ranking_path=str(old_path)
+        )
+    with pytest.raises(ValueError, match=r"ranking='coactivation' needs a file with co-activation counts"):
+        PrunerConfig(policy="moe-spec", max_experts=4, ranking="coactivation", static_ranking_path=str(old_path))
+    bad = dict(doc, budget_curves=[[0.5] * 3] * 2)
+    bad_path = tmp_path / "bad.json"
+    bad_path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r'"budget_curves" must be a \[2\]\[17\] table'):
+        PrunerConfig(policy="moe-spec", max_experts=4, ranking="static", static_ranking_path=str(bad_path))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(policy="xshare", budget_allocation="calibrated"), "only policy 'moe-spec' takes budget_allocation"),
+        (dict(policy="moe-spec", max_experts=4, ranking="coactivation"), "static_ranking_path=None"),
+        (dict(policy="moe-spec", max_experts=4, budget_allocation="calibrated"), "needs the calibration file"),
+        (dict(policy="moe-spec", max_experts=4, budget_allocation="even"), "choose one of uniform, calibrated"),
+        (dict(policy="moe-spec", max_experts=4, ranking="coactivation", scope="request"), "scope='request' needs"),
+        (dict(policy="moe-spec", max_experts=4, ranking="coverage", scope="request"), "scope='request' needs"),
+        (dict(policy="lynx", ranking="coverage"), "only policy 'moe-spec' takes ranking='coverage'"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrunerConfig(**kwargs)
+
+
+def test_calibrated_budget_needs_the_layer(tmp_path) -> None:
+    path = _calibration_file(tmp_path, num_layers=2, num_experts=16)
+    cfg = PrunerConfig(policy="moe-spec", max_experts=4, budget_allocation="calibrated", static_ranking_path=str(path))
+    with pytest.raises(ValueError, match="needs layer_id"):
+        cfg.layer_budget(None)
+    with pytest.raises(ValueError, match="outside the calibration file's 2 layers"):
+        cfg.layer_budget(5)
+
+
+def test_per_token_dump_gives_the_statistics(tmp_path) -> None:
+    """SGLang's per_token records keep each pass's top-k ids (physical); replicas fold onto logical ids."""
+    mapping = torch.tensor([[0, 1, 2, 3, 0], [0, 1, 2, 3, 3]])  # physical slot 4 replicates 0, then 3
+    topk = torch.tensor([[[4, 1], [0, 2]], [[4, 1], [-1, -1]]])  # [layers, T, k]
+    record = {"global_physical_count": torch.zeros(2, 5, dtype=torch.int64), "topk_ids_of_layer": topk}
+    record["global_physical_count"][0, 4] = 1
+    path = tmp_path / "expert_distribution_recorder_1700000000.0_0.pt"
+    torch.save({"records": [record], "last_physical_to_logical_map": mapping}, path)
+    counts = read_dump([path])
+    assert counts.stats is not None
+    pairs = counts.stats.coactivation.long()
+    assert pairs[0, 0, 1] == 1 and pairs[0, 0, 2] == 1 and pairs[0, 0, 0] == 2
+    assert pairs[1, 3, 1] == 1 and pairs[1].sum() == 4  # (3, 3), (1, 1), (3, 1), (1, 3)
+
+
+def test_calibrate_from_trace_cli(tmp_path) -> None:
+    """``xshare-sglang calibrate --from-trace`` writes a file both new settings load, and says how to use it."""
+    meta = TraceMeta(model="tiny", num_layers=2, num_experts=16, top_k=2, expert_bytes=(1, 1))
+    generator = torch.Generator().manual_seed(0)
+    calls = [
+        LayerCall(step, layer, "decode", torch.arange(8), logits=torch.randn(8, 16, generator=generator))
+        for step in range(5)
+        for layer in range(2)
+    ]
+    trace_path = Trace(meta, calls).save(tmp_path / "calls.pt")
+    out = tmp_path / "calibration.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "xshare_sglang", "calibrate", "--from-trace", str(trace_path), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--moe-pruner-budget-allocation calibrated" in done.stdout
+    cfg = PrunerConfig(
+        policy="moe-spec",
+        max_experts=4,
+        ranking="coactivation",
+        budget_allocation="calibrated",
+        static_ranking_path=str(out),
+    )
+    assert sum(cfg.layer_budget(layer) for layer in range(2)) == 8
+    assert cfg.static_ranking.counts[0] == tuple(float(c) for c in cfg.static_ranking.coactivation[0].diagonal())
+    missing = subprocess.run(
+        [sys.executable, "-m", "xshare_sglang", "calibrate", "--from-trace", str(tmp_path / "nope.pt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode != 0 and "no such file or folder" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -113,6 +113,15 @@ def test_allocation_skips_layers_calibration_never_reached() -> None:
     assert allocate_layer_budgets([steep, flat], 4) == (4, 4)  # the whole pool in each
 
 
+def test_allocation_spreads_ties_evenly() -> None:
+    """Equal marginal gains go to the layer with fewer experts so far: three linear curves share
+    what the saturated layer does not need, instead of the first linear layer taking it all."""
+    linear = [b / 32 for b in range(33)]
+    saturated = [0.0, 0.99, *(min(1.0, 0.99 + 0.005 * b) for b in range(1, 32))]
+    assert allocate_layer_budgets([saturated, linear, linear, linear], 3) == (1, 4, 4, 3)
+    assert allocate_layer_budgets([linear] * 3, 5) == (5, 5, 5)
+
+
 # ------------------------------------------------------------------------------ co-activation greedy
 
 
@@ -354,3 +363,34 @@ def test_calibrate_from_trace_cli(tmp_path) -> None:
     )
     assert missing.returncode != 0 and "no such file or folder" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("variant", ["coverage", "coactivation", "calibrated"])
+def test_new_rankings_keep_the_launch_count(tmp_path, variant: str, monkeypatch) -> None:
+    """One launch when the batch fits one program, two above, as for every other policy."""
+    from xshare_sglang.kernels import _prune_route as jit
+
+    path = str(_calibration_file(tmp_path, num_layers=2, num_experts=128))
+    settings = {
+        "coverage": {"ranking": "coverage"},
+        "coactivation": {"ranking": "coactivation", "static_ranking_path": path},
+        "calibrated": {"budget_allocation": "calibrated", "static_ranking_path": path},
+    }[variant]
+    cfg = PrunerConfig(policy="moe-spec", max_experts=24, **settings)
+    launches = []
+    launcher = type(jit.select_kernel)
+    original_run = launcher.run
+
+    def counting_run(self, *args, **kwargs):
+        launches.append(getattr(self, "__name__", str(self)))
+        return original_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(launcher, "run", counting_run)
+    for num_tokens, expected in [(1, 1), (32, 1), (255, 2)]:
+        launches.clear()
+        logits = make_logits(num_tokens, 128, "normal", seed=num_tokens).to(DEVICE)
+        prune_route(
+            logits, cfg, RouterSpec(8), layer_id=1, metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE)
+        )
+        assert len(launches) == expected, (num_tokens, launches)

@@ -88,7 +88,11 @@ def test_frozen() -> None:
         ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", "max_tokens=4"),
         ({"policy": "moe-spec"}, "max_experts", "moe-spec"),
         ({"policy": "xshare", "ranking": "static"}, "ranking", "moe-spec"),
-        ({"policy": "moe-spec", "max_experts": 8, "ranking": "static"}, "static_ranking_path", "needs the calibration file"),
+        (
+            {"policy": "moe-spec", "max_experts": 8, "ranking": "static"},
+            "static_ranking_path",
+            "needs the calibration file",
+        ),
         ({"static_ranking_path": "x.json"}, "static_ranking_path", "ranking='static'"),
     ],
 )

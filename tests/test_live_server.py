@@ -398,3 +398,43 @@ def test_tiny_draft_model_matches_transformers(tmp_path) -> None:
             assert post_ids(server, prompt) == out[0, len(prompt) :].tolist()
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------- calibrated budgets, coverage
+CALIBRATED = {"policy": "moe-spec", "max_experts": 3, "ranking": "coverage", "budget_allocation": "calibrated"}
+
+
+@pytest.fixture(scope="class")
+def calibrated_server(tmp_path_factory):
+    """A server reading a calibration file whose curves give layer 0 one expert and share the rest of
+    the 4 x 3 budget over layers 1-3 (a saturated curve against three linear ones)."""
+    folder = tmp_path_factory.mktemp("server-calibrated")
+    linear = [b / 32 for b in range(33)]
+    saturated = [0.0, 0.99, *(min(1.0, 0.99 + 0.005 * b) for b in range(1, 32))]
+    calibration = folder / "calibration.json"
+    doc = {
+        "format": "xshare-sglang.static-ranking",
+        "version": 1,
+        "counts": [[1.0] * 32] * 4,
+        "budget_curves": [saturated, linear, linear, linear],
+    }
+    calibration.write_text(json.dumps(doc))
+    fields = {**CALIBRATED, "static_ranking_path": str(calibration)}
+    server = LiveServer([*COMMON, *pruner_flags(fields)], folder / "server.log").start()
+    yield server, PrunerConfig(**fields)
+    server.stop()
+
+
+class TestCalibratedCoverage:
+    def test_server_keeps_each_layers_budget_and_matches_transformers(
+        self, calibrated_server, prompts, reference
+    ) -> None:
+        """``--moe-pruner-ranking coverage --moe-pruner-budget-allocation calibrated``: the server keeps
+        the per-layer budgets the file gives (1, 4, 4, 3 experts), and one request at a time answers
+        transformers' greedy tokens under the same settings."""
+        server, cfg = calibrated_server
+        assert server.policies() == ["moe-spec"]
+        for prompt in prompts:
+            assert post_ids(server, prompt) == reference_tokens(reference, cfg, prompt), f"prompt {prompt[:6]}..."
+        kept = {dict(labels)["layer"]: value for labels, value in server.metrics()["moe_pruner:kept_experts"].items()}
+        assert kept == {"0": 1, "1": 4, "2": 4, "3": 3}

@@ -13,8 +13,11 @@ import torch
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.replay.quality import (
+    Interval,
+    QualityRow,
     QualitySettings,
     bootstrap_interval,
+    pareto_verdicts,
     run_quality,
     teacher_forced_logprobs,
     token_measures,
@@ -156,6 +159,9 @@ def test_cli_writes_json_and_plot(tmp_path) -> None:
         (["--windows", "0"], "--windows"),
         (["--draft-tokens", "-1"], "--draft-tokens"),
         (["--bootstrap", "0"], "--bootstrap"),
+        (["--study", "--configs", "c.json"], "--study and --configs"),
+        (["--calibration", "/tmp"], "--calibration /tmp: is a folder"),
+        (["--configs", "/nonexistent/c.json"], "--configs /nonexistent/c.json: no such file"),
     ],
 )
 def test_bad_arguments_exit_2_before_any_work(argv, flag) -> None:
@@ -191,3 +197,69 @@ def test_second_model_routes_like_qwen3_and_is_not_trivial() -> None:
     assert all(8 < u < routing.uniform_union for u in routing.union)
     none, xshare = report.rows
     assert xshare.experts < none.experts and xshare.top1_agree.mean < 1.0
+
+
+def _row(family: str, params: str, speedup: float, low: float, high: float) -> QualityRow:
+    mid = (low + high) / 2
+    zero = Interval(0.0, 0.0, 0.0)
+    return QualityRow(
+        policy=family.split()[0],
+        params=params,
+        batch="decode R=8",
+        tokens=100,
+        kl=zero,
+        top1_agree=Interval(mid, low, high),
+        nll_delta=zero,
+        experts=1.0,
+        natural_experts=2.0,
+        speedup=speedup,
+        family=family,
+    )
+
+
+def test_pareto_verdicts_by_hand() -> None:
+    rows = [
+        _row("none", "", 1.0, 1.0, 1.0),
+        _row("xshare", "k0=1 budget=0", 3.0, 0.40, 0.50),  # frontier
+        _row("xshare", "k0=1 budget=4", 2.0, 0.60, 0.70),  # frontier
+        _row("lynx", "alpha=2.0", 1.5, 0.55, 0.65),  # beaten by xshare budget=4: not on the frontier
+        _row("moe-spec", "max_experts=8", 2.0, 0.50, 0.60),
+        _row("moe-spec", "max_experts=16", 1.2, 0.75, 0.85),  # frontier
+        # the new family beats xshare budget=0 (3.0 >= 3.0, 0.52 > 0.50) and xshare budget=4 (2.5 >= 2.0,
+        # 0.72 > 0.70), but not moe-spec max_experts=16 (intervals overlap)
+        _row("moe-spec ranking=coverage", "max_experts=8", 3.0, 0.52, 0.62),
+        _row("moe-spec ranking=coverage", "max_experts=16", 2.5, 0.72, 0.80),
+        # a second new family that every seed beats
+        _row("moe-spec ranking=coactivation", "max_experts=8", 1.0, 0.10, 0.20),
+    ]
+    coverage, coactivation = pareto_verdicts(rows)
+    assert coverage.family == "moe-spec ranking=coverage" and coverage.dominates
+    assert coverage.dominated == ("xshare k0=1 budget=0", "xshare k0=1 budget=4")
+    assert coverage.beaten_by == ()
+    assert coverage.versus_router == ((8, "same"), (16, "same"))
+    assert not coactivation.dominates and coactivation.dominated == ()
+    assert coactivation.beaten_by == ("max_experts=8",) and coactivation.versus_router == ((8, "worse"),)
+
+
+def test_study_calibrates_then_compares(tmp_path) -> None:
+    """``quality --study`` writes the calibration file first, runs seeds and new families, and reports
+    a verdict per new family in the JSON next to the study plot."""
+    from xshare_sglang.cli import main
+
+    calibration = tmp_path / "calibration.json"
+    out = tmp_path / "study.json"
+    argv = ["quality", "--study", "--requests", "3", "--windows", "1", "--tokens", "8", "--bootstrap", "50"]
+    argv += ["--draft", "none", "--calibration", str(calibration), "--json", str(out), "--plot-dir", str(tmp_path)]
+    assert main(argv) == 0
+    saved = json.loads(calibration.read_text())
+    assert len(saved["coactivation"]) == 4 and len(saved["budget_curves"][0]) == 33
+    report = json.loads(out.read_text())
+    families = {v["family"] for v in report["verdicts"]}
+    assert families == {
+        "moe-spec ranking=coverage",
+        "moe-spec budget_allocation=calibrated",
+        "moe-spec ranking=coverage budget_allocation=calibrated",
+        "moe-spec ranking=coactivation",
+    }
+    assert all(len(v["versus_router"]) == 6 for v in report["verdicts"])
+    assert (tmp_path / "quality_study.png").stat().st_size > 0

@@ -148,7 +148,8 @@ class StaticRanking:
         Over the layers whose curve is not all zero (the MoE layers calibration reached), budgets
         ``b_l`` in ``[1, E]`` with ``sum(b_l) = n * min(mean_budget, E)`` maximize
         ``sum_l budget_curves[l, b_l]``: starting from 1 each, the next expert goes to the layer where
-        it adds the most coverage (ties to the lower layer).  Every other layer gets ``mean_budget``.
+        it adds the most coverage (ties to the layer with fewer experts so far, then the lower layer,
+        so equal curves get equal budgets).  Every other layer gets ``mean_budget``.
         Cached per ``mean_budget``.
         """
         if self.budget_curves is None:
@@ -173,14 +174,14 @@ def allocate_layer_budgets(curves: list[list[float]], mean_budget: int) -> tuple
     budgets = [mean_budget] * len(curves)
     for layer in active:
         budgets[layer] = 1
-    heap = [(-(curves[layer][2] - curves[layer][1]), layer) for layer in active if num_experts > 1]
+    heap = [(-(curves[layer][2] - curves[layer][1]), 1, layer) for layer in active if num_experts > 1]
     heapq.heapify(heap)
     for _ in range(len(active) * (per_layer - 1)):
-        _, layer = heapq.heappop(heap)
+        _, _, layer = heapq.heappop(heap)
         budgets[layer] += 1
         b = budgets[layer]
         if b < num_experts:
-            heapq.heappush(heap, (-(curves[layer][b + 1] - curves[layer][b]), layer))
+            heapq.heappush(heap, (-(curves[layer][b + 1] - curves[layer][b]), b, layer))
     return tuple(budgets)
 
 

@@ -98,10 +98,12 @@ def quality_handler(args: argparse.Namespace) -> int:
     if args.plot_dir and Path(args.plot_dir).exists() and not Path(args.plot_dir).is_dir():
         raise ValueError(f"--plot-dir {args.plot_dir}: is a file, expected a folder")
     draft_dir, draft_note = _draft_dir(args.draft, model_dir)
+    temporary = None  # removed when the command ends (or, on an error, when it is collected)
     if calibration is None and not args.configs:
         import tempfile
 
-        calibration = Path(tempfile.mkdtemp(prefix="xshare-quality-")) / "calibration.json"
+        temporary = tempfile.TemporaryDirectory(prefix="xshare-quality-")
+        calibration = Path(temporary.name) / "calibration.json"
     if calibration is not None and not calibration.exists():
         from .quality import calibrate_model_dir
 
@@ -192,7 +194,7 @@ def quality_handler(args: argparse.Namespace) -> int:
     if args.json:
         doc = report.as_dict()
         doc["verdicts"] = [dataclasses.asdict(v) | {"dominates": v.dominates} for v in verdicts]
-        if calibration is not None:
+        if args.calibration:
             doc["calibration"] = str(calibration)
         Path(args.json).write_text(json.dumps(doc, indent=2))
         console.print(f"wrote {args.json}")
@@ -232,6 +234,8 @@ def quality_handler(args: argparse.Namespace) -> int:
                 seeds=("seed policies", "moe-spec"),
             )
             console.print(f"wrote {study}")
+    if temporary is not None:
+        temporary.cleanup()
     return 0
 
 

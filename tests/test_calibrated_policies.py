@@ -361,7 +361,7 @@ def test_calibrate_from_trace_cli(tmp_path) -> None:
         text=True,
         timeout=120,
     )
-    assert missing.returncode != 0 and "no such file or folder" in missing.stderr
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr
     assert "Traceback" not in missing.stderr
 
 

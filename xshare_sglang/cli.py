@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from .config import PrunerConfig
+from .files import InputFileError
 from .replay.configs import DEFAULT_SHAPES, VERIFY_SHAPES
 from .replay.spec_eval import add_spec_eval_arguments, spec_eval_handler
 
@@ -183,6 +184,35 @@ def _load_traces(names: list[str]):
             yield load_trace(name)
 
 
+def _check_shapes_fit(traces, tables, shapes, scenarios, share) -> None:
+    """Raise ``ValueError`` naming ``--shapes`` when a batch shape fits no batch of a trace, with the
+    largest request count R that fits at the same D."""
+    from .replay import BatchShape, build_batches
+
+    for trace, table in zip(traces, tables, strict=True):
+        by_source = table.sequences()
+        for scenario in scenarios:
+            if scenario == "mixed" and len(by_source) < 2:
+                continue
+            for shape in shapes:
+                if build_batches(by_source, shape, scenario, share):
+                    continue
+                low, high = 0, shape.requests  # the largest R that fits lies in [low, high)
+                while high - low > 1:
+                    mid = (low + high) // 2
+                    fits = build_batches(by_source, BatchShape(mid, shape.tokens_per_request), scenario, share)
+                    low, high = (mid, high) if fits else (low, mid)
+                hint = (
+                    f"at most {low}x{shape.tokens_per_request}"
+                    if low
+                    else f"no R fits D={shape.tokens_per_request}; use a smaller D"
+                )
+                raise ValueError(
+                    f"--shapes {shape}: trace {trace.name} has too few decode tokens for {shape.requests} requests "
+                    f"of {shape.tokens_per_request} tokens in {scenario} batches ({hint})"
+                )
+
+
 def _replay_tables(args: argparse.Namespace, config_factory) -> int:
     from rich.table import Table
 
@@ -192,14 +222,19 @@ def _replay_tables(args: argparse.Namespace, config_factory) -> int:
     from .replay.plot import plot_pareto
 
     console = _console()
-    shapes = [BatchShape.parse(text) for text in args.shapes.split(",")]
+    try:
+        shapes = [BatchShape.parse(text) for text in args.shapes.split(",")]
+    except ValueError as exc:
+        raise ValueError(f"--shapes {args.shapes}: {exc}") from None
     scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
+    traces = list(_load_traces(args.trace))
+    tables = [token_table(trace, "decode") for trace in traces]
+    _check_shapes_fit(traces, tables, shapes, scenarios, args.share)
     plot_dir = Path(args.plot_dir) if args.plot_dir else None
     if plot_dir:
         plot_dir.mkdir(parents=True, exist_ok=True)
     all_rows = []
-    for trace in _load_traces(args.trace):
-        table_of_tokens = token_table(trace, "decode")
+    for trace, table_of_tokens in zip(traces, tables, strict=True):
         meta = trace.meta
         configs = with_depth_decay(config_factory(meta.top_k, meta.num_experts), args.depth_decay)
         by_source = table_of_tokens.sequences()
@@ -443,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
+    except InputFileError as exc:  # a file's content, not the command line: no usage text
+        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
     except ValueError as exc:
         parser.error(str(exc))
     return 2

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ..files import InputFileError, existing_file
+
 PHASES = {"prefill": 0, "decode": 1}
 BUNDLED_TRACES = {"gptoss": "gptoss.route.csv", "gemma": "gemma.route.csv"}
 
@@ -85,46 +87,74 @@ def load_route_csv(path: str | Path, *, phase: str = "decode", name: str | None 
     ValueError
         If the file is not a ``route_trace v1`` file or is inconsistent.
     """
-    path = Path(path)
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r} is invalid: choose one of {', '.join(PHASES)}")
+    path = existing_file(path, "a route_trace v1 CSV file")
     header: dict[str, str] = {}
     expert_bytes: dict[int, int] = {}
-    data_lines: list[str] = []
-    with path.open(newline="") as handle:
-        first = handle.readline()
-        if not first.startswith("# route_trace v1"):
-            raise ValueError(f"{path} is not a route_trace v1 file (first line {first.strip()!r})")
-        for line in handle:
-            if line.startswith("#"):
-                fields = _header_fields(line)
-                if "layer" in fields and "expert_bytes" in fields:
-                    expert_bytes[int(fields["layer"])] = int(fields["expert_bytes"])
-                else:
-                    header.update(fields)
-            elif line.strip():
-                data_lines.append(line)
+    data_lines: list[tuple[int, str]] = []
+    try:
+        with path.open(newline="") as handle:
+            first = handle.readline()
+            if not first.startswith("# route_trace v1"):
+                raise InputFileError(f"{path}: not a route_trace v1 file (first line {first.strip()[:80]!r})")
+            for number, line in enumerate(handle, start=2):
+                if line.startswith("#"):
+                    fields = _header_fields(line)
+                    if "layer" in fields and "expert_bytes" in fields:
+                        expert_bytes[int(fields["layer"])] = int(fields["expert_bytes"])
+                    else:
+                        header.update(fields)
+                elif line.strip():
+                    data_lines.append((number, line))
+    except UnicodeDecodeError:
+        raise InputFileError(f"{path}: not a route_trace v1 file (not text)") from None
+    except ValueError as exc:
+        if isinstance(exc, InputFileError):
+            raise
+        raise InputFileError(f"{path}: malformed route_trace header line ({exc})") from None
     try:
         num_layers = int(header["n_layer"])
         num_experts = int(header["n_expert"])
         top_k = int(header["n_expert_used"])
     except KeyError as exc:
-        raise ValueError(f"{path}: header lacks {exc.args[0]}") from None
+        raise InputFileError(f"{path}: the route_trace header lacks {exc.args[0]}") from None
+    except ValueError as exc:
+        raise InputFileError(f"{path}: malformed route_trace header ({exc})") from None
 
     wanted = PHASES[phase]
     slots: dict[int, dict[tuple[int, int], tuple[int, float]]] = {}
-    for row in csv.DictReader(data_lines):
-        if int(row["phase"]) != wanted:
+    columns = None
+    for number, line in data_lines:
+        values = next(csv.reader([line]))
+        if columns is None:
+            columns = values
+            missing = {"phase", "step", "layer", "slot", "expert", "weight"} - set(columns)
+            if missing:
+                raise InputFileError(f"{path}: the column line lacks {', '.join(sorted(missing))}")
             continue
-        step, layer, slot = int(row["step"]), int(row["layer"]), int(row["slot"])
-        expert, weight = int(row["expert"]), float(row["weight"])
+        if len(values) != len(columns):
+            raise InputFileError(
+                f"{path}: line {number} has {len(values)} of {len(columns)} columns (the file is cut short or "
+                f"malformed): {line.strip()[:80]!r}"
+            )
+        row = dict(zip(columns, values, strict=True))
+        try:
+            if int(row["phase"]) != wanted:
+                continue
+            step, layer, slot = int(row["step"]), int(row["layer"]), int(row["slot"])
+            expert, weight = int(row["expert"]), float(row["weight"])
+        except ValueError:
+            raise InputFileError(
+                f"{path}: line {number} holds a value that is not a number: {line.strip()[:80]!r}"
+            ) from None
         if not (0 <= layer < num_layers and 0 <= slot < top_k and 0 <= expert < num_experts):
-            raise ValueError(f"{path}: row out of range: {row}")
+            raise InputFileError(f"{path}: line {number} is out of range: {line.strip()[:80]!r}")
         if not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"{path}: weight must be positive, got {row}")
+            raise InputFileError(f"{path}: line {number} has a weight that is not positive: {line.strip()[:80]!r}")
         slots.setdefault(step, {})[(layer, slot)] = (expert, weight)
     if not slots:
-        raise ValueError(f"{path}: no {phase} rows")
+        raise InputFileError(f"{path}: no {phase} rows")
     steps = sorted(slots)
     ids = torch.full((len(steps), num_layers, top_k), -1, dtype=torch.int64)
     weights = torch.zeros((len(steps), num_layers, top_k), dtype=torch.float32)

@@ -310,23 +310,40 @@ def spec_eval_handler(args: argparse.Namespace) -> int:
 
     console = Console(width=max(Console().width, 170))
     base = SpecEvalSettings.quick() if args.quick else SpecEvalSettings()
+    for flag, value in (
+        ("--requests", args.requests),
+        ("--new-tokens", args.new_tokens),
+        ("--calibration-batches", args.calibration_batches),
+        ("--default-width", args.default_width),
+        ("--max-width", args.max_width),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} {value} is invalid: must be an integer >= 1")
     try:
         budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else base.budgets
     except ValueError:
         raise ValueError(f"--budgets {args.budgets!r} is invalid: give integers, e.g. --budgets 7,4") from None
+    slots = args.draft_tokens - 1
+    if not budgets or any(not 1 <= b <= slots for b in budgets):
+        raise ValueError(
+            f"--budgets {args.budgets!r} is invalid: each budget is draft nodes per request, an integer in "
+            f"[1, {slots}] (--draft-tokens {args.draft_tokens} minus the root)"
+        )
     spec = SpecSettings(
         num_steps=args.num_steps,
         topk=args.topk,
         num_draft_tokens=args.draft_tokens,
-        new_tokens=args.new_tokens or base.spec.new_tokens,
+        new_tokens=args.new_tokens if args.new_tokens is not None else base.spec.new_tokens,
         default_width=args.default_width,
         max_width=args.max_width,
     )
     settings = SpecEvalSettings(
         spec=spec,
-        requests=args.requests or base.requests,
+        requests=args.requests if args.requests is not None else base.requests,
         budgets=budgets,
-        calibration_batches=args.calibration_batches or base.calibration_batches,
+        calibration_batches=(
+            args.calibration_batches if args.calibration_batches is not None else base.calibration_batches
+        ),
         auc_threshold=args.auc_threshold,
     )
     if args.threads < 1:

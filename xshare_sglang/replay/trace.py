@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from ..files import InputFileError, load_tensors
+
 TRACE_FORMAT = "xshare-trace"
 TRACE_VERSION = 1
 TRACE_PHASES = ("decode", "verify", "extend", "mixed")
@@ -168,12 +170,9 @@ def load_trace(path: str | Path, *, name: str | None = None) -> Trace:
         If the file is not an ``xshare-trace`` file, has another version, or is inconsistent.
     """
     path = Path(path)
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a file that is not its archive
-        raise ValueError(f"{path} is not an xshare-trace file: {exc}") from None
+    payload = load_tensors(path, "an xshare-trace file")
     if not isinstance(payload, dict) or payload.get("format") != TRACE_FORMAT:
-        raise ValueError(f"{path} is not an xshare-trace file")
+        raise InputFileError(f"{path}: not an xshare-trace file (a torch.save archive without its format tag)")
     if payload.get("version") != TRACE_VERSION:
         raise ValueError(f"{path}: xshare-trace version {payload.get('version')} is not supported (this reads 1)")
     raw = payload["meta"]
@@ -202,7 +201,9 @@ def load_trace(path: str | Path, *, name: str | None = None) -> Trace:
             for c in payload["calls"]
         ]
     except KeyError as exc:
-        raise ValueError(f"{path}: missing field {exc.args[0]}") from None
+        raise InputFileError(f"{path}: xshare-trace without the field {exc.args[0]!r}") from None
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise InputFileError(f"{path}: malformed xshare-trace ({exc})") from None
     for call in calls:
         if not 0 <= call.layer < meta.num_layers:
             raise ValueError(f"{path}: call of step {call.step} names layer {call.layer} of {meta.num_layers}")

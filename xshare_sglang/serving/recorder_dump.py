@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import re
-import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 
 from ..config import STATIC_RANKING_FORMAT, STATIC_RANKING_VERSION, StaticRanking, load_static_ranking
+from ..files import load_tensors
 from .routing_stats import RoutingStats
 
 logger = logging.getLogger(__name__)
@@ -302,13 +302,7 @@ def read_dump(paths: Sequence[str | os.PathLike[str]]) -> ExpertCounts:
     kinds = []
     files = tuple(Path(p) for p in paths)
     for path in files:
-        if not zipfile.is_zipfile(path):
-            raise _bad_dump(path, "it is not a torch.save file (torch.save writes a zip archive)")
-        try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch.load raises many types for a file that is not a torch.save file
-            first_line = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise _bad_dump(path, f"torch.load failed ({type(exc).__name__}: {first_line})") from None
+        data = load_tensors(path, "an SGLang expert-distribution recorder dump")  # InputFileError: exit 2
         if not isinstance(data, dict):
             raise _bad_dump(path, f"it holds a {type(data).__name__}, not a dict")
         if "logical_count" in data:

@@ -57,6 +57,7 @@ from typing import Any
 import requests
 
 from ..config import PHASES, StaticRanking
+from ..files import InputFileError
 from ..sglang_plugin.flags import CONFIG_FLAG, FLAG_PREFIX
 from .datasets import CUSTOM_DATASETS, custom_conversations, write_custom_dataset
 from .recorder_dump import (
@@ -671,11 +672,8 @@ def counts_from_traces(paths: Sequence[str]) -> tuple[ExpertCounts, str | None]:
     for item in paths:
         path = Path(item)
         if not path.exists():
-            raise CalibrationError(f"--from-trace {item}: no such file or folder")
-        try:
-            trace = load_trace_dir(path) if path.is_dir() else load_trace(path)
-        except ValueError as exc:
-            raise CalibrationError(f"--from-trace {item}: {exc}") from None
+            raise InputFileError(f"--from-trace {item}: no such file or folder")
+        trace = load_trace_dir(path) if path.is_dir() else load_trace(path)  # InputFileError: exit 2
         trace_stats = stats_from_trace(trace)
         if stats is None:
             stats = trace_stats

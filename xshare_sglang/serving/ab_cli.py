@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what = parser.add_argument_group("what to compare")
     what.add_argument("--model-path", help="model of every server (also the client's --model)")
-    what.add_argument("--arms", metavar="FILE", help="YAML/JSON file of arms (see the README, section A/B comparison)")
+    what.add_argument(
+        "--arms", metavar="FILE", help="YAML/JSON file of arms (see docs/serving.md, section A/B comparison)"
+    )
     what.add_argument(
         "--candidate",
         action="append",

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import mannwhitneyu
 
 FORMAT = "xshare-echo-calibration"
 VERSION = 1
@@ -98,6 +97,8 @@ def depth_auc(confidence: Sequence[float], positive: Sequence[bool]) -> float:
     pos = np.asarray(positive, dtype=bool)
     if pos.all() or not pos.any():
         return math.nan
+    from scipy.stats import mannwhitneyu  # imported here: only offline calibration needs scipy
+
     return float(mannwhitneyu(conf[pos], conf[~pos]).statistic / (pos.sum() * (~pos).sum()))
 
 

@@ -19,7 +19,7 @@ import torch
 
 from tests.strategies import make_logits
 from xshare_sglang import PrunerConfig
-from xshare_sglang.config import REDUNDANCY_BITS, allocate_layer_budgets
+from xshare_sglang.calibration_file import REDUNDANCY_BITS, allocate_layer_budgets
 from xshare_sglang.kernels import prune_route
 from xshare_sglang.policies.greedy import coactivation_add, coverage_add
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference

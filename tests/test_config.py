@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from xshare_sglang import POLICIES, PrunerConfig, select_experts_mask
-from xshare_sglang.config import load_static_ranking
+from xshare_sglang.calibration_file import load_static_ranking
 
 # DESIGN section 4, in its order.
 DESIGN_FIELDS = [

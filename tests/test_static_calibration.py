@@ -32,8 +32,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from xshare_sglang.calibration_file import load_static_ranking
 from xshare_sglang.cli import main
-from xshare_sglang.config import PrunerConfig, load_static_ranking
+from xshare_sglang.config import PrunerConfig
 from xshare_sglang.serving import recorder_dump as rd
 from xshare_sglang.serving import static_calibration as sc
 from xshare_sglang.serving.datasets import custom_conversations

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import REDUNDANCY_BITS
+from ..calibration_file import REDUNDANCY_BITS
 from .scores import SCORE_FRACTION_BITS, SCORE_ONE, descending_order, positions_in_order, top_by_logit
 
 
@@ -172,7 +172,8 @@ def coactivation_add(agg: torch.Tensor, redundancy: torch.Tensor, count: int, ac
     agg : Tensor, shape [E], int64
         Fixed-point aggregate (below ``2**46``).
     redundancy : Tensor, shape [E, E], int32
-        ``redundancy[i, j]`` in ``[0, 2**16]``, from :meth:`~xshare_sglang.config.StaticRanking.layer_redundancy`.
+        ``redundancy[i, j]`` in ``[0, 2**16]``, from
+        :meth:`~xshare_sglang.calibration_file.StaticRanking.layer_redundancy`.
     count : int
         Experts to keep (at most E are).
     active : Tensor, shape [], bool

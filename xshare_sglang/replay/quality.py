@@ -207,7 +207,7 @@ def calibrate_tiny(model, windows: torch.Tensor, *, requests: int, path: Path):
     """Write the calibration file of ``xshare-sglang calibrate --from-trace`` for ``windows`` decoded
     ``requests`` at a time by the unpruned model (the layer calls a decode server would run).
 
-    Returns the :class:`~xshare_sglang.config.StaticRanking` written to ``path``.
+    Returns the :class:`~xshare_sglang.calibration_file.StaticRanking` written to ``path``.
     """
     from ..serving.recorder_dump import ExpertCounts, write_static_ranking
     from ..serving.routing_stats import stats_from_trace

@@ -5,7 +5,7 @@ SGLang's recorder (``sglang/srt/eplb/expert_distribution.py``, 0.5.23) writes it
 such dumps in a folder, reads and validates them, sums their logical expert counts
 (:func:`read_dump`), and writes the JSON file that ``--moe-pruner moe-spec --moe-pruner-ranking static
 --moe-pruner-static-ranking-path`` reads (:func:`write_static_ranking`, checked with
-:func:`xshare_sglang.config.load_static_ranking` before it replaces the target).  Driving a server's
+:func:`xshare_sglang.calibration_file.load_static_ranking` before it replaces the target).  Driving a server's
 recorder is :mod:`xshare_sglang.serving.static_calibration`'s job.
 
 Dump layouts
@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ..config import STATIC_RANKING_FORMAT, STATIC_RANKING_VERSION, StaticRanking, load_static_ranking
+from ..calibration_file import STATIC_RANKING_FORMAT, STATIC_RANKING_VERSION, StaticRanking, load_static_ranking
 from ..files import load_tensors
 from .routing_stats import RoutingStats
 
@@ -348,7 +348,8 @@ def read_dump(paths: Sequence[str | os.PathLike[str]]) -> ExpertCounts:
 
 
 def ranking_document(counts: ExpertCounts, model: str | None = None) -> dict[str, Any]:
-    """The static-ranking JSON object for ``counts`` (see :func:`xshare_sglang.config.load_static_ranking`)."""
+    """The calibration file's JSON object for ``counts`` (see
+    :func:`xshare_sglang.calibration_file.load_static_ranking`)."""
     doc: dict[str, Any] = {
         "format": STATIC_RANKING_FORMAT,
         "version": STATIC_RANKING_VERSION,

@@ -56,7 +56,8 @@ from typing import Any
 
 import requests
 
-from ..config import PHASES, StaticRanking
+from ..calibration_file import StaticRanking
+from ..config import PHASES
 from ..files import InputFileError
 from ..sglang_plugin.flags import CONFIG_FLAG, FLAG_PREFIX
 from .datasets import CUSTOM_DATASETS, custom_conversations, write_custom_dataset

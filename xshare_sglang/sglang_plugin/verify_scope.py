@@ -17,7 +17,7 @@ import torch
 
 from ..spec import acceptable_nodes, draft_depths, vote_weights
 from .echo_runtime import get_echo_runtime
-from .hooks.phases import phase_of
+from .forward_phases import phase_of
 from .runtime import ForwardScope, PrunerRuntime
 
 logger = logging.getLogger(__name__)

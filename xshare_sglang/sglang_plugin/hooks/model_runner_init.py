@@ -20,13 +20,13 @@ import logging
 import torch
 
 from .. import liveness
+from ..forward_phases import phase_of
 from ..metrics import MetricsReporter
 from ..model_checks import untied_lm_head_problem
 from ..model_layers import PrunerSetupError, build_runtime
 from ..runtime import get_runtime, set_runtime
 from ..settings import settings_from_env
 from ..verify_scope import graph_scope
-from .phases import phase_of
 
 logger = logging.getLogger(__name__)
 

@@ -299,9 +299,9 @@ def test_fused_shared_experts_are_never_pruned(placement) -> None:
     weights = torch.full((2, 4), 0.25)
     state.keep.fill_(False)
     state.keep[[3, 1]] = True
-    from xshare_sglang.sglang_plugin.runtime import LayerCall
+    from xshare_sglang.sglang_plugin.runtime import ActiveCall
 
-    runtime.rewrite(LayerCall(state, None, masked=True, ids_physical=True), ids, weights)
+    runtime.rewrite(ActiveCall(state, None, masked=True, ids_physical=True), ids, weights)
     assert ids.tolist() == [[3, -1, -1, L_EXPERTS], [1, -1, -1, L_EXPERTS]]
     assert weights[:, 3].tolist() == [0.25, 0.25]
 
@@ -337,14 +337,14 @@ def test_recorder_sees_the_drops_not_renumbered_ids() -> None:
     """SGLang hands its expert-distribution recorder a separate tensor of physical routed ids when
     shared slots are appended or renumbered; the rewrite's drops reach it, its other ids stay."""
     from xshare_sglang.sglang_plugin.hooks import topk_post_process
-    from xshare_sglang.sglang_plugin.runtime import LayerCall
+    from xshare_sglang.sglang_plugin.runtime import ActiveCall
 
     config = _softmax_config(top_k=2)
     runtime = _publish([config], PrunerConfig(policy="oea", k0=1), num_experts=8)
     state = runtime.layers[id(config)]
     state.keep.fill_(False)
     state.keep[[1, 6]] = True
-    runtime.call = LayerCall(state, None, masked=True)
+    runtime.call = ActiveCall(state, None, masked=True)
     renumbered = torch.tensor([[1, 7, 8], [6, 2, 8]], dtype=torch.int32)  # ids as the dispatcher sees them
     recorder = torch.tensor([[1, 6], [5, 2]], dtype=torch.int32)  # SGLang's physical ids before renumbering
     weights = torch.full((2, 3), 0.5)

@@ -96,7 +96,7 @@ class LayerState:
 
 
 @dataclass
-class LayerCall:
+class ActiveCall:
     """One ``select_experts`` call of a pruned layer, from the select hook to the rewrite hook."""
 
     layer: LayerState
@@ -124,7 +124,7 @@ class PrunerRuntime:
     reporter: Any = None  # MetricsReporter
     recorder: Any = None  # TraceRecorder, with --moe-pruner-trace-dir
     scope: ForwardScope | None = None
-    call: LayerCall | None = None
+    call: ActiveCall | None = None
     # verify graphs with vote weights: padded token count -> [T] bool, refilled before each replay
     acceptable_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     # decode/verify graphs captured with a pruned scope, by (phase, padded token count)
@@ -157,7 +157,7 @@ class PrunerRuntime:
     # ------------------------------------------------------------------ per layer call
     def begin_call(
         self, topk_config: Any, num_token_non_padded: torch.Tensor | None, *, ids_physical: bool = False
-    ) -> LayerCall | None:
+    ) -> ActiveCall | None:
         """Start a layer call; None when it is not to be pruned (draft model, phase, unknown layer)."""
         self.call = None
         if not self.pruning_phase():
@@ -172,7 +172,7 @@ class PrunerRuntime:
             self.record_fault(layer, exc)
             self.scope.cfg = None
             return None
-        self.call = LayerCall(layer, num_valid, token_weights=token_weights, ids_physical=ids_physical)
+        self.call = ActiveCall(layer, num_valid, token_weights=token_weights, ids_physical=ids_physical)
         return self.call
 
     def end_call(self) -> None:
@@ -185,7 +185,7 @@ class PrunerRuntime:
         return self._workspaces[key]
 
     def select_and_mask(
-        self, call: LayerCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
+        self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Keep mask of this call; with substitution coverage, router logits masked in place and the
         bias masked into a buffer (truncation coverage leaves both untouched).
@@ -229,7 +229,7 @@ class PrunerRuntime:
         return router_logits, masked_bias
 
     def route(
-        self, call: LayerCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
+        self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The fused path: keep mask, routed ids [T, k] int32 and weights [T, k] float32 of this call,
         with the layer's metrics accumulated.  None on any error (the call then runs unpruned)."""
@@ -258,7 +258,7 @@ class PrunerRuntime:
             self.recorder.record_keep(layer.row, layer.keep)
         return ids, weights
 
-    def _check_call(self, call: LayerCall, router_logits: torch.Tensor) -> None:
+    def _check_call(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
         """Raise on a test fault file, or inputs that do not match the layer."""
         layer = call.layer
         fault_file = self.settings.test_fault_file
@@ -272,7 +272,7 @@ class PrunerRuntime:
                 f"{token_weights.shape[0]} verify vote weights for {router_logits.shape[0]} router-logit rows"
             )
 
-    def rewrite(self, call: LayerCall, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+    def rewrite(self, call: ActiveCall, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
         """Drop leftover picks of pruned experts and padding rows (in place); count the layer call."""
         if not call.masked:
             return

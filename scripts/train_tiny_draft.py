@@ -298,7 +298,7 @@ def main() -> None:
     from tokenizers import Tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from xshare_sglang.replay.tiny_model import load_tiny_model
+    from xshare_sglang.tiny.tiny_model import load_tiny_model
 
     domains = tm.DOMAINS
     torch.manual_seed(args.seed)

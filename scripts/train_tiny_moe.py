@@ -469,7 +469,7 @@ def main() -> None:
 
     from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from xshare_sglang.replay.tiny_model import untie_lm_head
+    from xshare_sglang.tiny.tiny_model import untie_lm_head
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from xshare_sglang.replay.tiny_model import tiny_model_dir
 from xshare_sglang.testing import CPU_DEFAULTS, cpu_server_command, cpu_server_env, standin_path
+from xshare_sglang.tiny.tiny_model import tiny_model_dir
 
 
 def test_defaults_are_added_only_where_missing() -> None:

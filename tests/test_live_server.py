@@ -25,9 +25,9 @@ import torch
 from tests.live_server import LAUNCH, LiveServer
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.policies.rewrite import rewrite_routing
-from xshare_sglang.replay.tiny_demo import heldout_texts
-from xshare_sglang.replay.tiny_model import RouterHook, load_tiny_model, tiny_model_dir
 from xshare_sglang.replay.trace import load_trace
+from xshare_sglang.tiny.tiny_demo import heldout_texts
+from xshare_sglang.tiny.tiny_model import RouterHook, load_tiny_model, tiny_model_dir
 
 pytestmark = pytest.mark.live_server
 

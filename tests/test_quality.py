@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from xshare_sglang import PrunerConfig
-from xshare_sglang.replay.quality import (
+from xshare_sglang.tiny.quality import (
     Interval,
     QualityRow,
     QualitySettings,
@@ -22,9 +22,9 @@ from xshare_sglang.replay.quality import (
     teacher_forced_logprobs,
     token_measures,
 )
-from xshare_sglang.replay.spec_eval import default_draft_dir
-from xshare_sglang.replay.tiny_demo import heldout_windows
-from xshare_sglang.replay.tiny_model import load_tiny_model, tiny_model_dir
+from xshare_sglang.tiny.spec_eval import default_draft_dir
+from xshare_sglang.tiny.tiny_demo import heldout_windows
+from xshare_sglang.tiny.tiny_model import load_tiny_model, tiny_model_dir
 
 SMALL = QualitySettings(requests=4, draft_tokens=4, windows_per_domain=4, window_tokens=16, bootstrap=400)
 
@@ -176,7 +176,7 @@ def test_bad_arguments_exit_2_before_any_work(argv, flag) -> None:
 def test_second_model_routes_like_qwen3_and_is_not_trivial() -> None:
     """The shipped 128-expert model: Qwen3-MoE's routing shape, under 30 MB, and routing that leaves a
     pruner something to do (not uniform, not collapsed onto a few experts)."""
-    from xshare_sglang.replay.tiny_model import tiny_model_dir
+    from xshare_sglang.tiny.tiny_model import tiny_model_dir
 
     folder = tiny_model_dir("e128")
     config = json.loads((folder / "config.json").read_text())

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from xshare_sglang.replay.tiny_model import load_tiny_model, tiny_model_dir
+from xshare_sglang.tiny.tiny_model import load_tiny_model, tiny_model_dir
 
 TARGET = tiny_model_dir()
 DRAFT = TARGET.parent / "tiny_draft"

@@ -13,8 +13,8 @@ import torch
 from xshare_sglang import PrunerConfig
 from xshare_sglang.cli import main
 from xshare_sglang.replay import BatchShape, build_batches, load_trace, replay_table, token_table
-from xshare_sglang.replay.tiny_demo import DemoSettings, demo_prompts, greedy_generate, record_tiny_trace
-from xshare_sglang.replay.tiny_model import RouterHook, load_tiny_model, routers, tiny_model_dir
+from xshare_sglang.tiny.tiny_demo import DemoSettings, demo_prompts, greedy_generate, record_tiny_trace
+from xshare_sglang.tiny.tiny_model import RouterHook, load_tiny_model, routers, tiny_model_dir
 
 MODEL = tiny_model_dir()
 

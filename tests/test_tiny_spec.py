@@ -1,4 +1,4 @@
-"""Real tree speculative decoding with the tiny MoE (``replay/tiny_spec.py``, ``replay/spec_eval.py``):
+"""Real tree speculative decoding with the tiny MoE (``tiny/tiny_spec.py``, ``tiny/spec_eval.py``):
 greedy tree decoding reproduces the target's greedy decoding in every node-choice mode, the draft tree
 is SGLang's own, the tree-masked verify forward equals one forward per path, and the activated-expert
 count lets only kept rows vote."""
@@ -14,9 +14,10 @@ import torch
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.cli import main
-from xshare_sglang.replay.spec_eval import default_draft_dir, split_prompts
-from xshare_sglang.replay.tiny_model import load_tiny_model, tiny_model_dir
-from xshare_sglang.replay.tiny_spec import (
+from xshare_sglang.spec.echo import EchoCalibration, layer_confidence, static_slots
+from xshare_sglang.tiny.spec_eval import default_draft_dir, split_prompts
+from xshare_sglang.tiny.tiny_model import load_tiny_model, tiny_model_dir
+from xshare_sglang.tiny.tiny_spec import (
     SpecSettings,
     TreeNodes,
     accept,
@@ -32,7 +33,6 @@ from xshare_sglang.replay.tiny_spec import (
     verify_forward,
     vote_layout,
 )
-from xshare_sglang.spec.echo import EchoCalibration, layer_confidence, static_slots
 
 SETTINGS = SpecSettings(num_steps=4, topk=3, num_draft_tokens=6, new_tokens=10)
 
@@ -66,7 +66,7 @@ def draft_dir(target, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def draft(draft_dir, target):
-    from xshare_sglang.replay.spec_eval import load_draft
+    from xshare_sglang.tiny.spec_eval import load_draft
 
     return load_draft(draft_dir, target[0].config.vocab_size)
 
@@ -302,8 +302,8 @@ def test_spec_eval_cli_quick_end_to_end(tmp_path, draft_dir) -> None:
 def test_pruned_verify_routes_tree_rows_inside_each_requests_set(target) -> None:
     """The verify hook prunes exactly the tree rows: one expert per request (moe-spec, per request,
     budget 1), the union read by the layer call; context and padding rows keep the model's routing."""
-    from xshare_sglang.replay.tiny_model import routers
-    from xshare_sglang.replay.tiny_spec import _prune_tree_rows
+    from xshare_sglang.tiny.tiny_model import routers
+    from xshare_sglang.tiny.tiny_spec import _prune_tree_rows
 
     router = routers(target[0])[0]
     gen = torch.Generator().manual_seed(0)
@@ -351,7 +351,7 @@ def test_pruned_verify_changes_acceptance_not_the_unpruned_run(target, draft, pr
 
 
 def test_spec_settings_are_validated_once() -> None:
-    from xshare_sglang.replay.spec_eval import SpecEvalSettings
+    from xshare_sglang.tiny.spec_eval import SpecEvalSettings
 
     assert SpecSettings(topk=3).max_width == 3  # None means the draft top-k
     with pytest.raises(ValueError, match=r"--draft-tokens 100 must lie in \[2, 69\]"):

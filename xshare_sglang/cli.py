@@ -33,7 +33,7 @@ from pathlib import Path
 from .config import PrunerConfig
 from .files import InputFileError
 from .replay.configs import DEFAULT_SHAPES, VERIFY_SHAPES
-from .replay.spec_eval import add_spec_eval_arguments, spec_eval_handler
+from .tiny.spec_eval import add_spec_eval_arguments, spec_eval_handler
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,8 @@ def _demo(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .replay.plot import plot_pareto
-    from .replay.tiny_demo import DemoSettings, demo_configs, run_demo
-    from .replay.tiny_model import model_dir_arg
+    from .tiny.tiny_demo import DemoSettings, demo_configs, run_demo
+    from .tiny.tiny_model import model_dir_arg
 
     console = _console()
     out = Path(args.out)
@@ -169,7 +169,7 @@ def _load_traces(names: list[str]):
 
     for name in names:
         if name == "tiny":
-            from .replay.tiny_demo import DemoSettings, record_tiny_trace
+            from .tiny.tiny_demo import DemoSettings, record_tiny_trace
 
             yield record_tiny_trace(DemoSettings())
         elif name in ("gptoss", "gemma"):
@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_eval_arguments(spec_eval)
     spec_eval.set_defaults(handler=spec_eval_handler)
 
-    from .replay.quality_cli import QUALITY_HELP, add_quality_arguments, quality_handler
+    from .tiny.quality_cli import QUALITY_HELP, add_quality_arguments, quality_handler
 
     quality = sub.add_parser("quality", help=QUALITY_HELP)
     add_quality_arguments(quality)

@@ -1,7 +1,6 @@
-"""Offline evaluation: the trace format, batch builders, replay through the policies, the bandwidth
-cost model, Pareto plots, and the tiny MoE model the demo decodes with.
-
-Nothing here imports SGLang; ``transformers`` loads only for the tiny model.
+"""Offline evaluation from routing traces: the trace format, batch builders, replay through the
+policies, the bandwidth cost model and Pareto plots.  Runs no model (the tiny models' own tools are
+in :mod:`xshare_sglang.tiny`) and imports no SGLang.
 """
 
 from .batches import SCENARIOS, BatchShape, build_batches, mixed_load_batches, segment_batches, single_load_batches

@@ -53,7 +53,7 @@ def _given(argv: Sequence[str], flag: str) -> bool:
 def cpu_server_command(argv: Sequence[str], python: str | None = None) -> list[str]:
     """The full launcher command for ``argv``: SGLang's launcher, the user's arguments, then the CPU
     defaults the user did not give."""
-    from ..replay.tiny_model import tiny_model_dir
+    from ..tiny.tiny_model import tiny_model_dir
 
     command = [python or sys.executable, "-m", "sglang.launch_server", *argv]
     if not any(_given(argv, flag) for flag in MODEL_FLAGS):

@@ -53,7 +53,7 @@ def make_tiny_eagle3_draft(out_dir: str | Path, seed: int = 0, target_dir: str |
     """Write the tiny EAGLE-3 draft for ``target_dir`` (default: the shipped tiny MoE) to ``out_dir``."""
     from safetensors.torch import load_file, save_file
 
-    from ..replay.tiny_model import tiny_model_dir
+    from ..tiny.tiny_model import tiny_model_dir
 
     target_dir = Path(target_dir) if target_dir is not None else Path(tiny_model_dir())
     out = Path(out_dir)

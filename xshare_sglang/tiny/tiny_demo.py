@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from ..config import PrunerConfig
-from .cost import modeled_speedup
+from ..replay.cost import modeled_speedup
+from ..replay.trace import Trace
 from .quality import Interval
 from .tiny_model import DOMAINS, RouterHook, tiny_model_dir
-from .trace import Trace
 
 logger = logging.getLogger(__name__)
 

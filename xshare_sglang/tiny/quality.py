@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..config import PrunerConfig
-from .cost import modeled_speedup
+from ..replay.cost import modeled_speedup
 from .tiny_model import RouterHook, tiny_model_dir
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import torch
 
 from ..config import PrunerConfig
 from ..policies import route_within, select_experts_mask
-from .trace import LayerCall, Trace, TraceMeta
+from ..replay.trace import LayerCall, Trace, TraceMeta
 
 logger = logging.getLogger(__name__)
 

@@ -199,7 +199,7 @@ def quality_handler(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(doc, indent=2))
         console.print(f"wrote {args.json}")
     if args.plot_dir:
-        from .plot import plot_pareto
+        from ..replay.plot import plot_pareto
 
         out = Path(args.plot_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -212,7 +212,7 @@ def quality_handler(args: argparse.Namespace) -> int:
         )
         console.print(f"wrote {plot}")
         if args.study:
-            from .plot import plot_study
+            from ..replay.plot import plot_study
             from .quality import is_new_family
 
             families: dict[str, list[dict]] = {}

@@ -8,7 +8,7 @@ comparison" walks through a complete run and how to read its report.
 
 import sys
 
-from xshare_sglang.serving.ab_cli import main
+from xshare_sglang.serving.ab.ab_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

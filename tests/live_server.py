@@ -3,7 +3,7 @@
 The server is ``python -m xshare_sglang.testing.cpu_server`` (SGLang's own launcher with the CPU
 flags and the ``sgl_kernel`` stand-in) in a process group of its own; :meth:`LiveServer.stop` sends
 SIGTERM to the group, then SIGKILL, so no scheduler or detokenizer outlives the test.  The A/B tool's
-process handling (:class:`~xshare_sglang.serving.ab_server.LaunchedServer`) does the work.
+process handling (:class:`~xshare_sglang.serving.ab.ab_server.LaunchedServer`) does the work.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from xshare_sglang.serving.ab_server import LaunchedServer, log_tail, proof_policies, server_env, wait_healthy
+from xshare_sglang.serving.ab.ab_server import LaunchedServer, log_tail, proof_policies, server_env, wait_healthy
 
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0

@@ -25,9 +25,9 @@ from tests.standin_server import (
     STANDIN_PRUNED_ACCEPT_LENGTH,
     expected_gsm8k_accuracy,
 )
-from xshare_sglang.serving.ab_cli import EXIT_ARM_FAILED, main
-from xshare_sglang.serving.ab_report import read_runs
-from xshare_sglang.serving.ab_server import LaunchedServer, proof_policies, wait_healthy
+from xshare_sglang.serving.ab.ab_cli import EXIT_ARM_FAILED, main
+from xshare_sglang.serving.ab.ab_report import read_runs
+from xshare_sglang.serving.ab.ab_server import LaunchedServer, proof_policies, wait_healthy
 
 pytestmark = pytest.mark.sglang
 

@@ -8,11 +8,11 @@ import shlex
 
 import pytest
 
-from xshare_sglang.serving.ab_cli import main
-from xshare_sglang.serving.ab_config import AbConfigError, AbSettings, Arm, candidate_arm, read_arms_file
-from xshare_sglang.serving.ab_plan import build_plan
-from xshare_sglang.serving.ab_plot import pareto_front
-from xshare_sglang.serving.ab_report import render_markdown, summarize
+from xshare_sglang.serving.ab.ab_cli import main
+from xshare_sglang.serving.ab.ab_config import AbConfigError, AbSettings, Arm, candidate_arm, read_arms_file
+from xshare_sglang.serving.ab.ab_plan import build_plan
+from xshare_sglang.serving.ab.ab_plot import pareto_front
+from xshare_sglang.serving.ab.ab_report import render_markdown, summarize
 from xshare_sglang.serving.datasets import custom_conversations, gsm8k_path, write_custom_dataset
 
 MOE_SPEC = '{"policy": "moe-spec", "max_experts": 48}'

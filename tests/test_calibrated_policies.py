@@ -1,7 +1,7 @@
 """``moe-spec`` beyond the paper: calibrated per-layer budgets, the coverage ranking and the
 co-activation ranking.
 
-The statistics (:mod:`xshare_sglang.serving.routing_stats`) on hand-built calls; the budget
+The statistics (:mod:`xshare_sglang.serving.calibration.routing_stats`) on hand-built calls; the budget
 allocation against brute force; the two greedy rankings against hand-worked cases and against plain
 top-B where they must agree with it; the kernel against the reference; the file format, the config
 errors and ``xshare-sglang calibrate --from-trace`` as a user runs it.
@@ -25,8 +25,8 @@ from xshare_sglang.policies.greedy import coactivation_add, coverage_add
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 from xshare_sglang.policies.routing import RouterSpec
 from xshare_sglang.replay.trace import LayerCall, Trace, TraceMeta
-from xshare_sglang.serving.recorder_dump import ExpertCounts, read_dump, write_static_ranking
-from xshare_sglang.serving.routing_stats import RoutingStats, stats_from_trace
+from xshare_sglang.serving.calibration.recorder_dump import ExpertCounts, read_dump, write_static_ranking
+from xshare_sglang.serving.calibration.routing_stats import RoutingStats, stats_from_trace
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ONE = 1 << REDUNDANCY_BITS

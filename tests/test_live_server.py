@@ -326,8 +326,8 @@ def test_ab_compare_against_live_cpu_servers(tmp_path) -> None:
         "--gsm8k-questions", "8", "--gsm8k-shots", "1", "--gsm8k-parallel", "4", "--gsm8k-max-new-tokens", "16",
         "--startup-timeout", "300", "--run-timeout", "300", "--stop-timeout", "30", "--output-dir", str(out),
     ]  # fmt: skip
-    from xshare_sglang.serving.ab_cli import main
-    from xshare_sglang.serving.ab_report import read_runs
+    from xshare_sglang.serving.ab.ab_cli import main
+    from xshare_sglang.serving.ab.ab_report import read_runs
 
     assert main(argv) == 0
     records = read_runs(out)

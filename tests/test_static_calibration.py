@@ -1,4 +1,4 @@
-"""``xshare-sglang calibrate`` (``xshare_sglang/serving/static_calibration.py`` and ``recorder_dump.py``).
+"""``xshare-sglang calibrate`` (``xshare_sglang/serving/calibration/static_calibration.py`` and ``recorder_dump.py``).
 
 The dumps are written by SGLang's own expert-distribution recorder (``_ExpertDistributionRecorderReal``
 with its ``stat`` / ``per_pass`` / ``per_token`` gatherers and accumulators, and ``_dump_to_file``), run
@@ -35,8 +35,8 @@ import torch
 from xshare_sglang.calibration_file import load_static_ranking
 from xshare_sglang.cli import main
 from xshare_sglang.config import PrunerConfig
-from xshare_sglang.serving import recorder_dump as rd
-from xshare_sglang.serving import static_calibration as sc
+from xshare_sglang.serving.calibration import recorder_dump as rd
+from xshare_sglang.serving.calibration import static_calibration as sc
 from xshare_sglang.serving.datasets import custom_conversations
 
 # The shipped tiny Qwen3-MoE (4 layers, 32 experts, top-4); SGLang's Qwen3MoeForCausalLM sizes the

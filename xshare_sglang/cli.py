@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quality_arguments(quality)
     quality.set_defaults(handler=quality_handler)
 
-    from .serving import static_calibration
+    from .serving.calibration import static_calibration
 
     calibrate = sub.add_parser(
         "calibrate", help=static_calibration.CALIBRATE_HELP, epilog=static_calibration.CALIBRATE_EPILOG

@@ -209,8 +209,8 @@ def calibrate_tiny(model, windows: torch.Tensor, *, requests: int, path: Path):
 
     Returns the :class:`~xshare_sglang.calibration_file.StaticRanking` written to ``path``.
     """
-    from ..serving.recorder_dump import ExpertCounts, write_static_ranking
-    from ..serving.routing_stats import stats_from_trace
+    from ..serving.calibration.recorder_dump import ExpertCounts, write_static_ranking
+    from ..serving.calibration.routing_stats import stats_from_trace
 
     stats = None
     steps = 0

@@ -26,9 +26,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ..datasets import DATASETS
 from .ab_config import BASELINE_NAME, AbConfigError, AbSettings, Arm, candidate_arm, read_arms_file
 from .ab_plan import build_plan, render_plan
-from .datasets import DATASETS
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ SGLang server, sends a workload through SGLang's own benchmark client (or waits 
 traffic yourself), stops the recorder, has the server dump what it recorded, reads the dump and writes
 the file that ``--moe-pruner moe-spec --moe-pruner-ranking static --moe-pruner-static-ranking-path``
 reads.  ``--from-dump PATH`` converts a dump that already exists, without a server.  Reading dumps and
-writing the ranking file live in :mod:`xshare_sglang.serving.recorder_dump`; this module holds the
+writing the ranking file live in :mod:`xshare_sglang.serving.calibration.recorder_dump`; this module holds the
 server calls, the workload and the command line.
 
 Run calibration with the pruner off (``--moe-pruner none`` or no pruner flag, and no
@@ -31,7 +31,7 @@ answer plain text, never data: the dump is written with ``torch.save`` on the *s
 environ.py:1337).  So the command takes that folder as ``--dump-dir`` (it must be visible from where
 the command runs) and reads the dump that appeared there after it started recording: one file for
 ``stat`` / ``stat_approx``, one per rank for ``per_pass`` / ``per_token`` (see
-:mod:`~xshare_sglang.serving.recorder_dump` for their layouts).  ``--enable-eplb`` resets the recorder
+:mod:`~xshare_sglang.serving.calibration.recorder_dump` for their layouts).  ``--enable-eplb`` resets the recorder
 at every rebalance and is refused.
 """
 
@@ -56,11 +56,11 @@ from typing import Any
 
 import requests
 
-from ..calibration_file import StaticRanking
-from ..config import PHASES
-from ..files import InputFileError
-from ..sglang_plugin.flags import CONFIG_FLAG, FLAG_PREFIX
-from .datasets import CUSTOM_DATASETS, custom_conversations, write_custom_dataset
+from ...calibration_file import StaticRanking
+from ...config import PHASES
+from ...files import InputFileError
+from ...sglang_plugin.flags import CONFIG_FLAG, FLAG_PREFIX
+from ..datasets import CUSTOM_DATASETS, custom_conversations, write_custom_dataset
 from .recorder_dump import (
     TOP_SHARE,
     CalibrationError,
@@ -666,7 +666,7 @@ def calibrate_from_server(args: argparse.Namespace) -> tuple[ExpertCounts, str |
 def counts_from_traces(paths: Sequence[str]) -> tuple[ExpertCounts, str | None]:
     """Counts and routing statistics of ``xshare-trace`` files or folders; returns them and the model
     the traces name."""
-    from ..replay.trace import load_trace, load_trace_dir
+    from ...replay.trace import load_trace, load_trace_dir
 
     stats = None
     files, passes, model = [], 0, None

@@ -6,7 +6,7 @@ such dumps in a folder, reads and validates them, sums their logical expert coun
 (:func:`read_dump`), and writes the JSON file that ``--moe-pruner moe-spec --moe-pruner-ranking static
 --moe-pruner-static-ranking-path`` reads (:func:`write_static_ranking`, checked with
 :func:`xshare_sglang.calibration_file.load_static_ranking` before it replaces the target).  Driving a server's
-recorder is :mod:`xshare_sglang.serving.static_calibration`'s job.
+recorder is :mod:`xshare_sglang.serving.calibration.static_calibration`'s job.
 
 Dump layouts
 ------------
@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from ..calibration_file import STATIC_RANKING_FORMAT, STATIC_RANKING_VERSION, StaticRanking, load_static_ranking
-from ..files import load_tensors
+from ...calibration_file import STATIC_RANKING_FORMAT, STATIC_RANKING_VERSION, StaticRanking, load_static_ranking
+from ...files import load_tensors
 from .routing_stats import RoutingStats
 
 logger = logging.getLogger(__name__)

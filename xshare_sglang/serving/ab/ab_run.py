@@ -20,10 +20,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..datasets import CUSTOM_DATASETS, write_custom_dataset
 from .ab_config import AbSettings
 from .ab_plan import PROOF_PREFIX, ClientRun, Session, build_plan, dataset_file
 from .ab_server import LaunchedServer, log_tail, proof_policies, pruner_metrics, server_info, wait_healthy, write_json
-from .datasets import CUSTOM_DATASETS, write_custom_dataset
 
 logger = logging.getLogger(__name__)
 

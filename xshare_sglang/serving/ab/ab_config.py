@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .datasets import DATASETS
+from ..datasets import DATASETS
 
 BASELINE_NAME = "baseline"
 # Flags the plugin owns; an arm states them under "pruner" instead.
@@ -100,7 +100,7 @@ class Arm:
         where = f"arm {self.name!r}"
         _check_server_args(self.server_args, f"{where} server_args")
         if self.pruner is not None:
-            from ..sglang_plugin.settings import PluginSettings
+            from ...sglang_plugin.settings import PluginSettings
 
             if not isinstance(self.pruner, Mapping):
                 raise AbConfigError(f"{where} pruner: expected a mapping of --moe-pruner-config fields")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..datasets import CUSTOM_DATASETS, gsm8k_path
 from .ab_config import AbSettings, Arm
-from .datasets import CUSTOM_DATASETS, gsm8k_path
 
 PROOF_PREFIX = "moe-pruner active: policy="
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import requests
 
-from ..sglang_plugin.settings import ENV_VAR
+from ...sglang_plugin.settings import ENV_VAR
 from .ab_plan import PROOF_PREFIX
 
 logger = logging.getLogger(__name__)

@@ -50,8 +50,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _bench_common import git_sha, sync, time_graph, write_csv
-from bench_moe_layer import (
+from xshare_sglang import PrunerConfig
+from xshare_sglang.bench.common import git_sha, sync, time_graph, write_csv
+from xshare_sglang.bench.moe_layer import (
     MODELS,
     SMOKE_MODELS,
     ModelBench,
@@ -61,8 +62,6 @@ from bench_moe_layer import (
     build_case,
     resolve_backends,
 )
-
-from xshare_sglang import PrunerConfig
 from xshare_sglang.kernels import SelectionWorkspace, prune_route
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 from xshare_sglang.policies.routing import RouterSpec

@@ -1,8 +1,5 @@
-"""Helpers shared by the GPU benchmark scripts (``bench_selection.py``, ``bench_moe_layer.py``).
-
-Imported as ``_bench_common`` from the scripts' folder (run them as ``python scripts/NAME.py``: Python
-puts the script's folder first on ``sys.path``).
-"""
+"""Helpers shared by the GPU benchmarks (``scripts/bench_selection.py``, ``scripts/bench_moe_layer.py``):
+CUDA-graph timing, device syncs, the git SHA and CSV output."""
 
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError, invalid
+
 STATIC_RANKING_FORMAT = "xshare-sglang.static-ranking"
 STATIC_RANKING_VERSION = 1
 
@@ -134,8 +136,8 @@ def allocate_layer_budgets(curves: list[list[float]], mean_budget: int) -> tuple
     return tuple(budgets)
 
 
-def _fail(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"PrunerConfig.{name}={value!r} is invalid: {allowed}")
+def _fail(name: str, value: Any, allowed: str) -> ConfigError:
+    return invalid("PrunerConfig", name, value, allowed)
 
 
 def load_static_ranking(path: str | os.PathLike[str]) -> StaticRanking:
@@ -148,16 +150,34 @@ def load_static_ranking(path: str | os.PathLike[str]) -> StaticRanking:
          "counts": [[c_0, ..., c_{E-1}], ...],      # L rows, layer order of the model
          "model": "Qwen/Qwen3-30B-A3B"}              # optional
 
+    A file is read once per process while it stays unchanged (same path, size and modification
+    time): every config that names it (one per pruned phase, say) shares one :class:`StaticRanking`
+    and the device copies it caches.
+
     Raises
     ------
-    ValueError
+    ConfigError
         If the file is missing, is not JSON, or does not have the shape above.  The message names
         ``static_ranking_path`` and says what is wrong.
     """
-    name = "static_ranking_path"
     p = Path(path)
     if not p.is_file():
-        raise _fail(name, str(path), "no such file (expected a JSON static-ranking file)")
+        raise _fail("static_ranking_path", str(path), "no such file (expected a JSON static-ranking file)")
+    stat = p.stat()
+    key = (os.path.realpath(p), stat.st_size, stat.st_mtime_ns)
+    if key not in _loaded:
+        if len(_loaded) >= _MAX_LOADED:
+            _loaded.clear()
+        _loaded[key] = _read_static_ranking(p, str(path))
+    return _loaded[key]
+
+
+_MAX_LOADED = 8
+_loaded: dict[tuple[str, int, int], StaticRanking] = {}
+
+
+def _read_static_ranking(p: Path, path: str) -> StaticRanking:
+    name = "static_ranking_path"
     try:
         doc = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

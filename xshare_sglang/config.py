@@ -2,12 +2,13 @@
 
 Every entry point (the SGLang flags, the environment variable, ``Engine(...)`` users, the offline
 tools) builds one of these and nothing else.  Construction validates every field and raises
-``ValueError`` naming the field, the offending value and what is allowed, so a bad value fails at
-start-up and never half-way through serving.
+:class:`~xshare_sglang.errors.ConfigError` (a ``ValueError``) naming the field, the offending value and
+what is allowed, so a bad value fails at start-up and never half-way through serving.
 
 Checks that need the model (``k0 <= top_k``; the expert and layer counts of a static ranking file)
-live in :meth:`PrunerConfig.validate_for_model`, which the server calls once it knows the model and
-:func:`xshare_sglang.select_experts_mask` calls on every use.
+live in :meth:`PrunerConfig.validate_for_model`, which the server calls once it knows the model; a
+config remembers the model shapes it has accepted, so the offline entry points that call it on every
+use pay for the checks once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .calibration_file import StaticRanking, load_static_ranking
+from .errors import ConfigError, invalid
 
 POLICIES: tuple[str, ...] = (
     "none",
@@ -69,8 +71,8 @@ DEFAULT_SCORE: dict[str, str] = {
 WARMUP_POLICIES: frozenset[str] = frozenset({"oea", "xshare", "xshare-threshold", "xshare-spec", "xshare-ep"})
 
 
-def _fail(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"PrunerConfig.{name}={value!r} is invalid: {allowed}")
+def _fail(name: str, value: Any, allowed: str) -> ConfigError:
+    return invalid("PrunerConfig", name, value, allowed)
 
 
 def _check_int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
@@ -176,6 +178,8 @@ class PrunerConfig:
     depth_decay: float | None = None
     budget_allocation: str = "uniform"
     _static_ranking: StaticRanking | None = field(default=None, init=False, repr=False, compare=False)
+    # (top_k, num_experts, num_layers) shapes validate_for_model has accepted
+    _accepted_models: set = field(default_factory=set, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
@@ -303,9 +307,12 @@ class PrunerConfig:
 
         Raises
         ------
-        ValueError
+        ConfigError
             ``k0 > top_k`` for a warm-up policy, or a static ranking whose shape does not match.
         """
+        shape = (top_k, num_experts, num_layers)
+        if shape in self._accepted_models:
+            return
         _check_int("top_k", top_k, 1)
         if self.policy in WARMUP_POLICIES and self.k0 > top_k:
             raise _fail("k0", self.k0, f"must be <= the model's top_k={top_k}")
@@ -323,6 +330,7 @@ class PrunerConfig:
                     self.static_ranking_path,
                     f"the file has {ranking.num_layers} layers, the model has {num_layers}",
                 )
+        self._accepted_models.add(shape)
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -400,6 +408,17 @@ class PrunerConfig:
         """The public field names, in DESIGN section 4 order."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
+    @classmethod
+    def check_field_names(cls, names: Iterable[str]) -> None:
+        """Raise :class:`ConfigError` (blaming the first) when some of ``names`` are not fields."""
+        fields = cls.field_names()
+        unknown = sorted(set(names) - set(fields))
+        if unknown:
+            raise ConfigError(
+                unknown[0],
+                f"PrunerConfig has no field(s) {', '.join(map(repr, unknown))}; the fields are {', '.join(fields)}",
+            )
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict of every public field; ``PrunerConfig.from_dict`` reads it back."""
         out = {name: getattr(self, name) for name in self.field_names()}
@@ -414,13 +433,8 @@ class PrunerConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> PrunerConfig:
         """Build from a mapping of field names; unknown keys are an error, not ignored."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"PrunerConfig needs a JSON object / mapping, got {type(data).__name__}")
-        names = cls.field_names()
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise ValueError(
-                f"PrunerConfig has no field(s) {', '.join(map(repr, unknown))}; the fields are {', '.join(names)}"
-            )
+            raise ConfigError("", f"PrunerConfig needs a JSON object / mapping, got {type(data).__name__}")
+        cls.check_field_names(data)
         kwargs = dict(data)
         if isinstance(kwargs.get("phases"), list):
             kwargs["phases"] = tuple(kwargs["phases"])
@@ -432,7 +446,7 @@ class PrunerConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"PrunerConfig JSON is not valid JSON: {exc}") from None
+            raise ConfigError("", f"PrunerConfig JSON is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
     @classmethod
@@ -440,7 +454,7 @@ class PrunerConfig:
         """Build from a JSON file."""
         p = Path(path)
         if not p.is_file():
-            raise ValueError(f"PrunerConfig file {os.fspath(path)!r} does not exist")
+            raise ConfigError("", f"PrunerConfig file {os.fspath(path)!r} does not exist")
         return cls.from_json(p.read_text())
 
     @classmethod

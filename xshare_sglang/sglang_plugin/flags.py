@@ -2,20 +2,32 @@
 the log interval and the policy of speculative verify forwards.
 
 Every flag defaults to ``None`` on the parser, so that only the flags a user actually typed override
-``--moe-pruner-config`` and the environment; the help text shows the effective defaults.
+``--moe-pruner-config`` and the environment; the help text shows the effective defaults.  What was
+typed is merged once (:func:`typed_settings`) and validated once into the frozen settings; an error
+names the flag, the config flag or the environment variable that set the value at fault.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+import json
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import BUDGET_ALLOCATIONS, COVERAGES, PHASES, POLICIES, RANKINGS, SCOPES, SCORES, PrunerConfig
+from ..errors import ConfigError
 from ..spec.echo.settings import DEFAULT_LOG_EVERY as DEFAULT_ECHO_LOG_EVERY
 from ..spec.echo.settings import DEFAULT_LOG_MAX_RECORDS as DEFAULT_ECHO_LOG_MAX_RECORDS
-from .settings import DEFAULT_LOG_INTERVAL, DEFAULT_TRACE_EVERY, DEFAULT_TRACE_MAX_MB, ENV_VAR, PluginSettings
+from .settings import (
+    DEFAULT_LOG_INTERVAL,
+    DEFAULT_TRACE_EVERY,
+    DEFAULT_TRACE_MAX_MB,
+    ENV_VAR,
+    PluginSettings,
+    read_json_object,
+)
 
 FLAG_PREFIX = "--moe-pruner"
 CONFIG_FLAG = "--moe-pruner-config"
@@ -291,61 +303,197 @@ def flag_for_field(field: str) -> str:
     return f"{FLAG_PREFIX}-{field.replace('_', '-')}"
 
 
-def settings_from_args(args: argparse.Namespace, base: PluginSettings | None) -> PluginSettings | None:
-    """Merge environment settings, ``--moe-pruner-config`` and explicit flags, in rising priority.
+@dataclasses.dataclass
+class TypedSettings:
+    """The plugin's settings as typed, before validation: one mapping, with where each key came from.
+
+    Sources merge in rising priority (:func:`typed_settings`): the environment variable, then
+    ``--moe-pruner-config``, then each explicit flag.  A source replaces the top-level keys it sets
+    (a phase override or the ``echo`` object as a whole); a flag of a nested setting
+    (``--moe-pruner-verify``, ``--xshare-echo-*``) replaces that one key inside it.
+
+    Attributes
+    ----------
+    data : dict
+        The merged JSON object that :meth:`PluginSettings.from_dict` reads.
+    sources : dict of str to str
+        Dotted key (``"k0"``, ``"verify.policy"``, ``"echo"``) -> the flag or variable that set it.
+    """
+
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def update(self, mapping: Mapping[str, Any], source: str) -> None:
+        """Let ``source`` set every top-level key of ``mapping``, replacing what lower sources set there."""
+        for key, value in mapping.items():
+            self.data[key] = value
+            self.sources = {k: v for k, v in self.sources.items() if k != key and not k.startswith(f"{key}.")}
+            self.sources[key] = source
+
+    def set(self, key: str, value: Any, source: str) -> None:
+        """Let ``source`` set one key; ``"outer.inner"`` sets ``inner`` inside the object ``outer``."""
+        outer, _, inner = key.partition(".")
+        if not inner:
+            self.update({key: value}, source)
+            return
+        nested = self.data.get(outer, {})
+        if isinstance(nested, Mapping):  # else the bad object's own error is the one to report
+            self.data[outer] = {**nested, inner: value}
+        self.sources[key] = source
+
+    def blame(self, setting: str) -> tuple[str, bool]:
+        """Where ``setting`` came from: ``(flag or variable, whether it set exactly that setting)``.
+
+        A setting nobody set inside an object someone did (a phase override) is blamed on that
+        object's source; an object blamed as a whole, on the source of a key inside it; a setting
+        nobody set at all (a default another choice conflicts with), on its own flag.
+        """
+        if setting in self.sources:
+            return self.sources[setting], True
+        parts = setting.split(".")
+        for end in range(len(parts) - 1, 0, -1):
+            outer = ".".join(parts[:end])
+            if outer in self.sources:
+                return self.sources[outer], False
+        inside = [source for key, source in self.sources.items() if key.startswith(f"{setting}.")]
+        if inside:
+            return inside[0], False
+        return (flag_for_field(setting) if setting else FLAG_PREFIX), True
+
+    def build(self) -> PluginSettings:
+        """Validate into :class:`PluginSettings`; a :class:`ConfigError` names the flag or variable at fault."""
+        try:
+            return PluginSettings.from_dict(self.data)
+        except ConfigError as exc:
+            source, exact = self.blame(exc.setting)
+            raise ConfigError(exc.setting, f"{source}: {exc.detail if exact else exc}", detail=exc.detail) from None
+
+
+def typed_settings(
+    args: argparse.Namespace,
+    environment: Mapping[str, Any] | None = None,
+    *,
+    read_config: Callable[[str], Mapping[str, Any]] = read_json_object,
+) -> TypedSettings | None:
+    """The settings ``args`` (and the environment's JSON object) ask for, merged; None when neither
+    asks for anything.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed by a parser that :func:`add_flags` extended.
+    environment : mapping, optional
+        The JSON object of :data:`ENV_VAR`.
+    read_config : callable
+        Reads the value of ``--moe-pruner-config`` into a JSON object.
+
+    Raises
+    ------
+    ConfigError
+        ``--moe-pruner-config`` cannot be read; the message starts with the flag.
+    """
+    typed = TypedSettings()
+    if environment:
+        typed.update(environment, ENV_VAR)
+    config_text = getattr(args, "moe_pruner_config", None)
+    if config_text is not None:
+        try:
+            typed.update(read_config(config_text), CONFIG_FLAG)
+        except ConfigError as exc:
+            raise ConfigError(exc.setting, f"{CONFIG_FLAG}: {exc}", detail=exc.detail) from None
+    flags = [(spec.field, spec.dest, spec.flag) for spec in FIELD_FLAGS]
+    flags += [("policy", "moe_pruner", FLAG_PREFIX), ("log_interval", "moe_pruner_log_interval", LOG_INTERVAL_FLAG)]
+    flags += [(field, f"moe_pruner_{field}", flag) for field, flag in TRACE_FLAGS.items()]
+    flags += [(f"echo.{field}", f"xshare_echo_{field}", flag) for field, flag in ECHO_FLAGS.items()]
+    flags += [("verify.policy", "moe_pruner_verify", VERIFY_FLAG)]
+    for key, dest, flag in flags:
+        value = getattr(args, dest, None)
+        if value is not None:
+            typed.set(key, value, flag)
+    return typed if typed.sources else None
+
+
+def settings_from_args(args: argparse.Namespace, environment: Mapping[str, Any] | None = None) -> PluginSettings | None:
+    """The validated settings of the typed flags over ``--moe-pruner-config`` over the environment.
 
     Returns None when nothing asked for the pruner (no flag, no config, no environment).
 
     Raises
     ------
-    ValueError
-        With the flag to blame at the start of the message.
+    ConfigError
+        With the flag (or variable) to blame at the start of the message.
     """
-    explicit = {spec.field: getattr(args, spec.dest, None) for spec in FIELD_FLAGS}
-    explicit = {k: v for k, v in explicit.items() if v is not None}
-    policy = getattr(args, "moe_pruner", None)
-    config_text = getattr(args, "moe_pruner_config", None)
-    log_interval = getattr(args, "moe_pruner_log_interval", None)
-    verify_policy = getattr(args, "moe_pruner_verify", None)
-    trace = {field: getattr(args, f"moe_pruner_{field}", None) for field in TRACE_FLAGS}
-    trace = {k: v for k, v in trace.items() if v is not None}
-    echo = {field: getattr(args, f"xshare_echo_{field}", None) for field in ECHO_FLAGS}
-    echo = {k: v for k, v in echo.items() if v is not None}
-    nothing = (
-        policy is None and config_text is None and not explicit and log_interval is None and not trace and not echo
-    )
-    if base is None and nothing and verify_policy is None:
-        return None
-    merged: dict[str, Any] = base.to_dict() if base is not None else {}
-    if config_text is not None:
-        try:
-            merged.update(PluginSettings.load(config_text).to_dict())
-        except ValueError as exc:
-            raise ValueError(f"{CONFIG_FLAG}: {exc}") from None
-    merged.update(explicit)
-    if policy is not None:
-        merged["policy"] = policy
-    if log_interval is not None:
-        merged["log_interval"] = log_interval
-    merged.update(trace)
-    if echo:
-        merged["echo"] = {**merged.get("echo", {}), **echo}
-    if verify_policy is not None:
-        merged["verify"] = {**merged.get("verify", {}), "policy": verify_policy}
+    typed = typed_settings(args, environment)
+    return None if typed is None else typed.build()
+
+
+def launch_command_words(command: str) -> list[str]:
+    """The arguments of a launch command as SGLang reports it (``/server_info``'s ``launch_command``).
+
+    SGLang joins the arguments with single spaces and no quoting, so a JSON value typed for
+    ``--moe-pruner-config`` appears with its spaces: a word (or a ``--flag=`` value) that starts a
+    JSON object runs to the object's end.  Shell quotes around a word are removed.
+    """
+    decoder = json.JSONDecoder()
+    words: list[str] = []
+    pos = 0
+    while (match := _WORD_START.search(command, pos)) is not None:
+        start = match.start()
+        flag = _FLAG_EQUALS.match(command, start)
+        value_start = flag.end() if flag else start
+        if command.startswith(("'", '"'), value_start):
+            quote = command[value_start]
+            close = command.find(quote, value_start + 1)
+            if close > 0:
+                words.append(command[start:value_start] + command[value_start + 1 : close])
+                pos = close + 1
+                continue
+        if command.startswith("{", value_start):
+            try:
+                _, end = decoder.raw_decode(command, value_start)
+            except ValueError:
+                pass
+            else:
+                words.append(command[start:end])
+                pos = end
+                continue
+        end = _WORD_END.search(command, start)
+        pos = end.start() if end else len(command)
+        words.append(command[start:pos])
+    return words
+
+
+_WORD_START = re.compile(r"\S")
+_WORD_END = re.compile(r"\s")
+_FLAG_EQUALS = re.compile(r"--[\w-]+=")
+
+
+def typed_settings_of_command(command: str) -> TypedSettings | None:
+    """What a launch command's own pruner flags ask for (:func:`typed_settings`), read as the server
+    read them; None when they ask for nothing.  The environment of the server is not known here.
+
+    Raises
+    ------
+    ConfigError
+        The flags do not parse, or ``--moe-pruner-config`` names a file (on the server's machine) or
+        holds text that is not a JSON object.
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    add_flags(parser)
     try:
-        return PluginSettings.from_dict(merged)
-    except ValueError as exc:
-        message = str(exc)
-        if message.startswith("echo."):
-            field = message[len("echo.") :].split("=", 1)[0]
-            if field in ECHO_FLAGS:
-                raise ValueError(f"{ECHO_FLAGS[field]}: {message[len('echo.') :]}") from None
-            raise ValueError(f"{CONFIG_FLAG}: {message}") from None
-        if verify_policy is not None and message.startswith(("verify phase: ", "verify: ")):
-            raise ValueError(f"{VERIFY_FLAG}: {message}") from None
-        if message.startswith(tuple(f"{phase}{sep}" for phase in PHASES for sep in (" phase: ", ": "))):
-            raise ValueError(f"{CONFIG_FLAG}: {message}") from None
-        for field in ("policy", *PrunerConfig.field_names(), "log_interval", *TRACE_FLAGS):
-            if f"PrunerConfig.{field}=" in message or message.startswith(f"{field}="):
-                raise ValueError(f"{flag_for_field(field)}: {message}") from None
-        raise ValueError(f"{FLAG_PREFIX}: {message}") from None
+        args, _ = parser.parse_known_args(launch_command_words(command))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ConfigError("", f"the pruner's flags do not parse ({exc})") from None
+    return typed_settings(args, read_config=_json_text_only)
+
+
+def _json_text_only(text: str) -> dict[str, Any]:
+    if not text.lstrip().startswith("{"):
+        raise ConfigError("", f"{text} names a file on the server's machine, which is not read from here")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise ConfigError("", "holds text that is not read as a JSON object")
+    return data

@@ -19,13 +19,16 @@ The key ``echo`` holds the ECHO draft-tree scheduler's settings (:class:`EchoSet
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import PHASES, PrunerConfig
+from ..config import DEFAULT_PHASES, PHASES, PrunerConfig
+from ..errors import ConfigError
 from ..spec.echo.settings import EchoSettings
 
 ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
@@ -71,32 +74,38 @@ class PluginSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.log_interval, bool) or not isinstance(self.log_interval, int) or self.log_interval < 0:
-            raise ValueError(f"log_interval={self.log_interval!r} is invalid: must be an integer >= 0")
+            raise ConfigError("log_interval", f"log_interval={self.log_interval!r} is invalid: must be an integer >= 0")
         for name in ("trace_every", "trace_max_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1")
-        if self.trace_dir is not None and (not isinstance(self.trace_dir, str) or not self.trace_dir):
-            raise ValueError(f"trace_dir={self.trace_dir!r} is invalid: must be a folder path")
-        if self.test_fault_file is not None and (not isinstance(self.test_fault_file, str) or not self.test_fault_file):
-            raise ValueError(f"test_fault_file={self.test_fault_file!r} is invalid: must be a file path")
-        if self.trace_dir is None and (self.trace_every, self.trace_max_mb) != (
-            DEFAULT_TRACE_EVERY,
-            DEFAULT_TRACE_MAX_MB,
-        ):
-            raise ValueError("trace_every=/trace_max_mb= have no effect without trace_dir: set trace_dir too")
+                raise ConfigError(name, f"{name}={value!r} is invalid: must be an integer >= 1")
+        for name in ("trace_dir", "test_fault_file"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(name, f"{name}={value!r} is invalid: must be a path")
+        if self.trace_dir is None:
+            for name, default in (("trace_every", DEFAULT_TRACE_EVERY), ("trace_max_mb", DEFAULT_TRACE_MAX_MB)):
+                if getattr(self, name) != default:
+                    raise ConfigError(
+                        name, "trace_every=/trace_max_mb= have no effect without trace_dir: set trace_dir too"
+                    )
         overrides = {}
         for phase, delta in dict(self.phase_overrides).items():
             if phase not in PHASES:
-                raise ValueError(f"phase override {phase!r} is invalid: allowed phases are {', '.join(PHASES)}")
+                raise ConfigError(phase, f"phase override {phase!r} is invalid: allowed phases are {', '.join(PHASES)}")
             if not isinstance(delta, Mapping):
-                raise ValueError(f"{phase}: must be an object of PrunerConfig fields, got {type(delta).__name__}")
+                raise ConfigError(
+                    phase, f"{phase}: must be an object of PrunerConfig fields, got {type(delta).__name__}"
+                )
             if "phases" in delta:
-                raise ValueError(f"{phase}.phases: set the pruned phases at the top level, not inside a phase")
+                raise ConfigError(
+                    f"{phase}.phases", f"{phase}.phases: set the pruned phases at the top level, not inside a phase"
+                )
             if phase not in self.pruner.phases:
-                raise ValueError(
+                raise ConfigError(
+                    phase,
                     f"{phase}: an override was given for phase {phase!r}, which is not pruned "
-                    f"(phases={','.join(self.pruner.phases)}); add it to phases"
+                    f"(phases={','.join(self.pruner.phases)}); add it to phases",
                 )
             overrides[phase] = dict(delta)
         object.__setattr__(self, "phase_overrides", overrides)
@@ -106,9 +115,10 @@ class PluginSettings:
                 configs[phase] = self.pruner
                 continue
             try:
-                configs[phase] = PrunerConfig.from_dict({**self.pruner.to_dict(), **overrides[phase]})
-            except ValueError as exc:
-                raise ValueError(f"{phase} phase: {exc}") from None
+                PrunerConfig.check_field_names(overrides[phase])
+                configs[phase] = dataclasses.replace(self.pruner, **overrides[phase])
+            except ConfigError as exc:
+                raise exc.within(phase, f"{phase} phase") from None
         object.__setattr__(self, "_phase_configs", configs)
 
     def config_for(self, phase: str | None) -> PrunerConfig | None:
@@ -170,39 +180,78 @@ class PluginSettings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PluginSettings:
+        """Build from the JSON object described in this module's docstring; unknown keys are an error."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("", "the JSON must be an object of PrunerConfig fields")
         plugin = {k: data[k] for k in PLUGIN_FIELDS if k in data}
         overrides = {k: data[k] for k in PHASES if k in data}
         pruner = {k: v for k, v in data.items() if k not in PLUGIN_FIELDS and k not in PHASES and k != "echo"}
         try:
             echo = EchoSettings.from_dict(data.get("echo", {}))
-        except ValueError as exc:
-            raise ValueError(f"echo.{exc}" if not str(exc).startswith("echo") else str(exc)) from None
+        except ConfigError as exc:
+            raise exc.within("echo", "echo") from None
         return cls(pruner=PrunerConfig.from_dict(pruner), phase_overrides=overrides, echo=echo, **plugin)
 
     @classmethod
     def load(cls, spec: str) -> PluginSettings:
         """From JSON text or the path of a JSON file."""
-        text = spec
-        if not spec.lstrip().startswith("{"):
-            if not os.path.isfile(spec):
-                raise ValueError(f"{spec!r} is neither a JSON object nor an existing JSON file")
-            with open(spec) as handle:
-                text = handle.read()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError("the JSON must be an object of PrunerConfig fields")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_object(spec))
+
+
+def phase_policies(data: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """The policy each pruned phase would run, and the key that sets it (``"policy"`` or
+    ``"<phase>.policy"``), from a settings object that is not validated.
+
+    The same resolution as :meth:`PluginSettings.phase_configs` for the policy alone, for settings
+    read from afar (a server's launch command), whose files cannot be read here.
+    """
+    phases = data.get("phases", DEFAULT_PHASES)
+    if isinstance(phases, str):
+        phases = [phase.strip() for phase in phases.split(",")]
+    out = {}
+    for phase in PHASES:
+        if not isinstance(phases, (list, tuple)) or phase not in phases:
+            continue
+        override = data.get(phase)
+        if isinstance(override, Mapping) and "policy" in override:
+            out[phase] = (str(override["policy"]), f"{phase}.policy")
+        else:
+            out[phase] = (str(data.get("policy", "none")), "policy")
+    return out
+
+
+def read_json_object(spec: str) -> dict[str, Any]:
+    """The JSON object in ``spec``: JSON text (starts with ``{``) or the path of a JSON file.
+
+    Raises
+    ------
+    ConfigError
+        Blaming the whole input (setting ``""``) when it is neither, or not an object.
+    """
+    text = spec
+    if not spec.lstrip().startswith("{"):
+        if not os.path.isfile(spec):
+            raise ConfigError("", f"{spec!r} is neither a JSON object nor an existing JSON file")
+        with open(spec) as handle:
+            text = handle.read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("", f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("", "the JSON must be an object of PrunerConfig fields")
+    return data
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> PluginSettings | None:
     """The settings in :data:`ENV_VAR`, or None when it is unset or empty.
 
+    The text is parsed and validated once per process: the plugin's registration, the model-runner
+    hook and ECHO's runtime all read the same frozen object.
+
     Raises
     ------
-    ValueError
+    ConfigError
         When the variable holds something invalid; the message names the variable.
     """
     environ = os.environ if environ is None else environ
@@ -210,6 +259,30 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> PluginSetting
     if not raw:
         return None
     try:
-        return PluginSettings.load(raw)
-    except ValueError as exc:
-        raise ValueError(f"{ENV_VAR}: {exc}") from None
+        return _parse_settings(raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.setting, f"{ENV_VAR}: {exc}", detail=exc.detail) from None
+
+
+def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The JSON object in :data:`ENV_VAR`, not yet validated (the launcher merges flags over it); None
+    when the variable is unset or empty.
+
+    Raises
+    ------
+    ConfigError
+        The variable holds no JSON object; the message names the variable.
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return None
+    try:
+        return read_json_object(raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.setting, f"{ENV_VAR}: {exc}", detail=exc.detail) from None
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_settings(text: str) -> PluginSettings:
+    return PluginSettings.from_dict(read_json_object(text))

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -57,9 +56,10 @@ from typing import Any
 import requests
 
 from ...calibration_file import StaticRanking
-from ...config import PHASES
+from ...errors import ConfigError
 from ...files import InputFileError
-from ...sglang_plugin.flags import CONFIG_FLAG, FLAG_PREFIX
+from ...sglang_plugin.flags import CONFIG_FLAG, FLAG_PREFIX, VERIFY_FLAG, typed_settings_of_command
+from ...sglang_plugin.settings import phase_policies
 from ..datasets import CUSTOM_DATASETS, custom_conversations, write_custom_dataset
 from .recorder_dump import (
     TOP_SHARE,
@@ -181,73 +181,13 @@ class LaunchPruner:
     unknown: str | None = None
 
 
-# A flag at the start of the command or after whitespace, then its value after "=" or whitespace.
-_PRUNER_FLAG = re.compile(rf"(?<!\S){re.escape(FLAG_PREFIX)}(?:=|\s+)")
-_CONFIG_FLAG = re.compile(rf"(?<!\S){re.escape(CONFIG_FLAG)}(?:=|\s+)")
-
-
-def _first_token(text: str) -> str | None:
-    """The first shell word of ``text`` (quotes removed), or None when there is none or it is malformed."""
-    lexer = shlex.shlex(text, posix=True)
-    lexer.whitespace_split = True
-    try:
-        token = lexer.get_token()
-    except ValueError:
-        return None
-    return token if token != lexer.eof else None
-
-
-def _last_value(pattern: re.Pattern[str], command: str) -> tuple[str, str | None] | None:
-    """The text after the last ``pattern`` flag in ``command`` and that value's first shell word."""
-    matches = list(pattern.finditer(command))
-    if not matches:
-        return None
-    rest = command[matches[-1].end() :]
-    return rest, _first_token(rest)
-
-
-def _config_policies(rest: str, token: str | None) -> tuple[str | None, dict[str, str], str | None]:
-    """Read the ``--moe-pruner-config`` value that starts ``rest`` (``token``: its first shell word).
-
-    SGLang joins the launch arguments with spaces, unquoted, so JSON text appears as it was typed and
-    is decoded from ``rest``; a shell-quoted JSON value is read from ``token``.
-
-    Returns
-    -------
-    policy : str or None
-        The top-level ``"policy"``; None when the config sets none.
-    phase_policies : dict of str to str
-        The ``"policy"`` of each phase override that sets one.
-    unknown : str or None
-        Why the value cannot be read (a file path, or not a JSON object); None when it was read.
-    """
-    data: Any = None
-    if rest.startswith("{"):
-        with contextlib.suppress(ValueError):
-            data, _ = json.JSONDecoder().raw_decode(rest)
-    elif token is not None and token.lstrip().startswith("{"):
-        with contextlib.suppress(ValueError):
-            data = json.loads(token)
-    elif token:
-        return None, {}, f"{CONFIG_FLAG} {token} names a file on the server's machine, which is not read from here"
-    if not isinstance(data, dict):
-        return None, {}, f"{CONFIG_FLAG} holds text that is not read as a JSON object"
-    policy = data.get("policy")
-    phases = {
-        phase: str(delta["policy"])
-        for phase in PHASES
-        if isinstance(delta := data.get(phase), dict) and delta.get("policy") is not None
-    }
-    return (str(policy) if policy is not None else None), phases, None
-
-
 def launch_pruner(launch_command: Any) -> LaunchPruner:
     """Where a server's launch command (``/server_info``'s ``launch_command``) turns the pruner on.
 
-    Reads ``--moe-pruner X`` / ``--moe-pruner=X`` and ``--moe-pruner-config`` (JSON text: its
-    ``"policy"`` and the ``"policy"`` of its phase overrides; a file path: unknown).  As in the plugin's
-    flag merging, the last occurrence of a flag counts, ``--moe-pruner`` replaces the config's top-level
-    policy, and the config's phase overrides apply whatever ``--moe-pruner`` says.
+    The command's pruner flags are read by the plugin's own parser and merged as the server merged
+    them (an explicit ``--moe-pruner`` over ``--moe-pruner-config``; a phase override's policy over
+    the top-level one).  A ``--moe-pruner-config`` that names a file on the server's machine leaves
+    the answer unknown.
 
     Parameters
     ----------
@@ -260,22 +200,24 @@ def launch_pruner(launch_command: Any) -> LaunchPruner:
     """
     if not isinstance(launch_command, str):
         return LaunchPruner()
-    flag = _last_value(_PRUNER_FLAG, launch_command)
-    flag_policy = flag[1] if flag is not None else None
-    config = _last_value(_CONFIG_FLAG, launch_command)
-    config_policy, phase_policies, unknown = _config_policies(*config) if config is not None else (None, {}, None)
-    active = []
-    if flag_policy is not None:
-        if flag_policy != "none":
-            active.append(f"{FLAG_PREFIX} {flag_policy}")
-    elif config_policy not in (None, "none"):
-        active.append(f"{CONFIG_FLAG} policy {config_policy}")
-    active += [
-        f"{CONFIG_FLAG} policy {policy} in the {phase} phase"
-        for phase, policy in phase_policies.items()
-        if policy != "none"
-    ]
-    return LaunchPruner(active=tuple(active), unknown=unknown)
+    try:
+        typed = typed_settings_of_command(launch_command)
+    except ConfigError as exc:
+        return LaunchPruner(unknown=str(exc))
+    if typed is None:
+        return LaunchPruner()
+    active: list[str] = []
+    for phase, (policy, key) in phase_policies(typed.data).items():
+        if policy == "none":
+            continue
+        source, _ = typed.blame(key)
+        if source in (FLAG_PREFIX, VERIFY_FLAG):  # the flag is the policy: "--moe-pruner xshare"
+            where = f"{source} {policy}"
+        else:
+            where = f"{source} policy {policy}" + ("" if key == "policy" else f" in the {phase} phase")
+        if where not in active:
+            active.append(where)
+    return LaunchPruner(active=tuple(active))
 
 
 def check_server(info: dict[str, Any] | None, url: str) -> str | None:

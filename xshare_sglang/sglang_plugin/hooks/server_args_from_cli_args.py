@@ -3,8 +3,8 @@
 Why: ``from_cli_args`` copies only declared ``ServerArgs`` fields, so our flags would be dropped
 silently; and spawned scheduler processes must learn the config.
 How: read our flags from the argparse namespace, merge them over ``--moe-pruner-config`` and the
-environment, validate (also against the serving modes the pruner cannot honour, see ``mode_checks``), and
-publish the result in ``XSHARE_MOE_PRUNER_CONFIG`` (inherited by every
+environment's JSON, validate the result once (also against the serving modes the pruner cannot
+honour, see ``mode_checks``), and publish it in ``XSHARE_MOE_PRUNER_CONFIG`` (inherited by every
 process SGLang spawns afterwards) and as the bookkeeping attribute ``ServerArgs._moe_pruner_config``
 (survives pickling).  An invalid value, or ECHO flags with a speculative configuration ECHO cannot
 serve, or a serving mode the pruner cannot make exact, ends the launch with exit code 2 and a
@@ -19,7 +19,7 @@ import logging
 import os
 
 from ..flags import settings_from_args
-from ..settings import ENV_VAR, settings_from_env
+from ..settings import ENV_VAR, environment_settings
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +35,8 @@ def _usage_error(message: str) -> None:
 
 def hook(result, cls, args, *rest, **kwargs):
     try:
-        base = settings_from_env()
-    except ValueError as exc:
-        _usage_error(str(exc))
-    try:
-        settings = settings_from_args(args, base)
-    except ValueError as exc:
+        settings = settings_from_args(args, environment_settings())
+    except ValueError as exc:  # ConfigError: the message starts with the flag at fault
         _usage_error(str(exc))
     if settings is None:
         return None

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ...errors import ConfigError
+
 DEFAULT_LOG_EVERY = 8
 DEFAULT_LOG_MAX_RECORDS = 100_000
 
@@ -47,29 +49,30 @@ class EchoSettings:
         for name in ("calibration", "log_dir"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name}={value!r} is invalid: must be a path")
+                raise ConfigError(name, f"{name}={value!r} is invalid: must be a path")
         if self.budget is not None and (
             isinstance(self.budget, bool)
             or not isinstance(self.budget, (int, float))
             or not math.isfinite(self.budget)
             or self.budget <= 0
         ):
-            raise ValueError(f"budget={self.budget!r} is invalid: must be a number > 0 (draft nodes per request)")
+            raise ConfigError(
+                "budget", f"budget={self.budget!r} is invalid: must be a number > 0 (draft nodes per request)"
+            )
         for name in ("default_width", "max_width", "log_every", "log_max_records"):
             value = getattr(self, name)
             if value is None and name == "max_width":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1")
-        if self.calibration is None and (self.budget, self.default_width, self.max_width) != (None, 1, None):
-            raise ValueError(
-                "budget=/default_width=/max_width= have no effect without calibration: set calibration too"
+                raise ConfigError(name, f"{name}={value!r} is invalid: must be an integer >= 1")
+        defaults = {"budget": None, "default_width": 1, "max_width": None}
+        if self.calibration is None and (changed := _changed(self, defaults)):
+            raise ConfigError(
+                changed, "budget=/default_width=/max_width= have no effect without calibration: set calibration too"
             )
-        if self.log_dir is None and (self.log_every, self.log_max_records) != (
-            DEFAULT_LOG_EVERY,
-            DEFAULT_LOG_MAX_RECORDS,
-        ):
-            raise ValueError("log_every=/log_max_records= have no effect without log_dir: set log_dir too")
+        defaults = {"log_every": DEFAULT_LOG_EVERY, "log_max_records": DEFAULT_LOG_MAX_RECORDS}
+        if self.log_dir is None and (changed := _changed(self, defaults)):
+            raise ConfigError(changed, "log_every=/log_max_records= have no effect without log_dir: set log_dir too")
 
     @property
     def scheduling(self) -> bool:
@@ -91,9 +94,14 @@ class EchoSettings:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EchoSettings:
         if not isinstance(data, Mapping):
-            raise ValueError(f"echo: must be an object, got {type(data).__name__}")
+            raise ConfigError("", f"must be an object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"echo: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+            raise ConfigError(unknown[0], f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
         return cls(**data)
+
+
+def _changed(settings: Any, defaults: Mapping[str, Any]) -> str | None:
+    """The first of ``defaults``' names whose value in ``settings`` is not its default."""
+    return next((name for name, value in defaults.items() if getattr(settings, name) != value), None)

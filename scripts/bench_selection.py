@@ -63,8 +63,8 @@ from xshare_sglang.bench.moe_layer import (
     resolve_backends,
 )
 from xshare_sglang.kernels import SelectionWorkspace, prune_route
+from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
-from xshare_sglang.policies.routing import RouterSpec
 
 WEIGHT_RTOL, WEIGHT_ATOL = 2e-5, 2e-6  # routing weights, kernel vs reference (as the kernel tests)
 SHARE_GOAL = 0.03  # selection <= 3% of the pruned layer ...
@@ -235,17 +235,23 @@ class SelectionCase:
         self.ids = torch.empty(tokens, top_k, dtype=torch.int32, device=device)
         self.weights = torch.empty(tokens, top_k, dtype=torch.float32, device=device)
         self.workspace = SelectionWorkspace(num_experts, device)
+        # one call per rotated input, built (and checked) once, as the server builds one per layer call
+        self.calls = [
+            RoutingCall(
+                logits,
+                model.router,
+                tokens_per_request=self.case.tokens_per_request,
+                num_valid_tokens=self.case.num_valid,
+                expert_to_rank=self.ranks,
+                correction_bias=self.bias,
+            )
+            for logits in self.case.logits
+        ]
 
     def select(self, cfg: PrunerConfig, j: int):
-        c = self.case
         return prune_route(
-            c.logits[j % len(c.logits)],
+            self.calls[j % len(self.calls)],
             cfg,
-            self.model.router,
-            correction_bias=self.bias,
-            tokens_per_request=c.tokens_per_request,
-            num_valid_tokens=c.num_valid,
-            expert_to_rank=self.ranks,
             keep_out=self.keep,
             ids_out=self.ids,
             weights_out=self.weights,
@@ -268,15 +274,15 @@ class SelectionCase:
         got = self.select(cfg, 0)
         sync()
         allocated = _allocated() - before
-        ref = prune_route_reference(
+        on_cpu = RoutingCall(
             c.logits[0].cpu(),
-            cfg,
             self.model.router,
-            correction_bias=self.bias.cpu() if self.bias is not None else None,
             tokens_per_request=c.tokens_per_request,
             num_valid_tokens=c.tokens,
             expert_to_rank=self.ranks.cpu(),
+            correction_bias=self.bias.cpu() if self.bias is not None else None,
         )
+        ref = prune_route_reference(on_cpu, cfg)
         ids_equal = torch.equal(got.topk_ids.cpu(), ref.topk_ids) and torch.equal(got.keep.cpu(), ref.keep)
         got_weights = got.topk_weights.cpu()
         weight_err = float((got_weights - ref.topk_weights).abs().max()) if c.tokens else 0.0

@@ -6,6 +6,7 @@ import torch
 from hypothesis import strategies as st
 
 from xshare_sglang import PrunerConfig
+from xshare_sglang.policies.call import RouterSpec, RoutingCall
 
 EXPERT_COUNTS = [1, 2, 3, 5, 8, 13, 60, 64, 160, 256]
 STYLES = ["normal", "integers", "repeated_rows", "nonfinite", "few_finite"]
@@ -109,3 +110,16 @@ def vote_weights(draw, num_tokens: int):
         st.floats(0.0, 1.0, width=32),
     )
     return draw(st.lists(value, min_size=num_tokens, max_size=num_tokens))
+
+
+def routing_call(logits: torch.Tensor, router, *, device=None, **fields) -> RoutingCall:
+    """A :class:`RoutingCall` with every tensor (the logits included) moved to ``device``; ``router``
+    is a :class:`RouterSpec` or a top-k (a plain softmax router); an int ``num_valid_tokens`` stays an
+    int unless ``as_tensor=True``."""
+    as_tensor = fields.pop("as_tensor", False)
+    if not isinstance(router, RouterSpec):
+        router = RouterSpec(router, fields.pop("scoring", "softmax"))
+    if as_tensor and isinstance(fields.get("num_valid_tokens"), int):
+        fields["num_valid_tokens"] = torch.tensor([fields["num_valid_tokens"]], dtype=torch.int32)
+    moved = {k: (v.to(device) if isinstance(v, torch.Tensor) and device is not None else v) for k, v in fields.items()}
+    return RoutingCall(logits.to(device) if device is not None else logits, router, **moved)

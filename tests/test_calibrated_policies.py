@@ -17,13 +17,13 @@ import sys
 import pytest
 import torch
 
-from tests.strategies import make_logits
+from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig
 from xshare_sglang.calibration_file import REDUNDANCY_BITS, allocate_layer_budgets
 from xshare_sglang.kernels import prune_route
+from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.greedy import coactivation_add, coverage_add
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
-from xshare_sglang.policies.routing import RouterSpec
 from xshare_sglang.replay.trace import LayerCall, Trace, TraceMeta
 from xshare_sglang.serving.calibration.recorder_dump import ExpertCounts, read_dump, write_static_ranking
 from xshare_sglang.serving.calibration.routing_stats import RoutingStats, stats_from_trace
@@ -152,8 +152,8 @@ def test_coactivation_without_pairs_is_router_top_b(tmp_path) -> None:
     router = PrunerConfig(policy="moe-spec", max_experts=7)
     for seed, num_valid in itertools.product(range(4), (9, 3, 0)):
         logits = make_logits(9, num_experts, "integers" if seed % 2 else "normal", seed)
-        a = prune_route_reference(logits, coact, RouterSpec(2), num_valid_tokens=num_valid)
-        b = prune_route_reference(logits, router, RouterSpec(2), num_valid_tokens=num_valid)
+        a = prune_route_reference(routing_call(logits, 2, num_valid_tokens=num_valid), coact)
+        b = prune_route_reference(routing_call(logits, 2, num_valid_tokens=num_valid), router)
         assert torch.equal(a.keep, b.keep) and torch.equal(a.topk_ids, b.topk_ids)
 
 
@@ -165,7 +165,7 @@ def test_calibrated_budgets_change_each_layer_and_keep_the_mean(tmp_path) -> Non
     assert budgets == list(cfg.static_ranking.layer_budgets(12))
     logits = make_logits(32, 64, "normal", 3)
     for layer in range(3):
-        keep = prune_route_reference(logits, cfg, RouterSpec(4), layer_id=layer).keep
+        keep = prune_route_reference(routing_call(logits, 4, layer_id=layer), cfg).keep
         assert int(keep.sum()) == budgets[layer]
 
 
@@ -196,8 +196,8 @@ def test_coverage_equals_router_top_b_when_each_token_picks_one_expert() -> None
     router = PrunerConfig(policy="moe-spec", max_experts=5, score="topk")
     for seed in range(5):
         logits = make_logits(40, 32, "normal", seed)
-        a = prune_route_reference(logits, cover, RouterSpec(1), num_valid_tokens=40 - seed)
-        b = prune_route_reference(logits, router, RouterSpec(1), num_valid_tokens=40 - seed)
+        a = prune_route_reference(routing_call(logits, 1, num_valid_tokens=40 - seed), cover)
+        b = prune_route_reference(routing_call(logits, 1, num_valid_tokens=40 - seed), router)
         assert torch.equal(a.keep, b.keep)
 
 
@@ -237,24 +237,9 @@ def test_kernel_matches_reference(tmp_path, variant: str, num_tokens: int, num_e
         logits = make_logits(num_tokens, num_experts, ["integers", "normal", "nonfinite"][layer], num_tokens + layer)
         num_valid = max(0, num_tokens - 3) if layer == 2 else None
         votes = torch.rand(num_tokens, generator=torch.Generator().manual_seed(layer)) if layer == 1 else None
-        want = prune_route_reference(
-            logits,
-            cfg,
-            router,
-            layer_id=layer,
-            tokens_per_request=per_request,
-            num_valid_tokens=num_valid,
-            token_weights=votes,
-        )
-        got = prune_route(
-            logits.to(DEVICE),
-            cfg,
-            router,
-            layer_id=layer,
-            tokens_per_request=per_request,
-            num_valid_tokens=None if num_valid is None else torch.tensor([num_valid], device=DEVICE),
-            token_weights=None if votes is None else votes.to(DEVICE),
-        )
+        fields = dict(layer_id=layer, tokens_per_request=per_request, num_valid_tokens=num_valid, token_weights=votes)
+        want = prune_route_reference(routing_call(logits, router, **fields), cfg)
+        got = prune_route(routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg)
         label = f"{variant} T={num_tokens} E={num_experts} layer={layer}"
         assert got.keep.cpu().tolist() == want.keep.tolist(), label
         assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
@@ -390,7 +375,6 @@ def test_new_rankings_keep_the_launch_count(tmp_path, variant: str, monkeypatch)
     for num_tokens, expected in [(1, 1), (32, 1), (255, 2)]:
         launches.clear()
         logits = make_logits(num_tokens, 128, "normal", seed=num_tokens).to(DEVICE)
-        prune_route(
-            logits, cfg, RouterSpec(8), layer_id=1, metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE)
-        )
+        call = routing_call(logits, RouterSpec(8), layer_id=1)
+        prune_route(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE))
         assert len(launches) == expected, (num_tokens, launches)

@@ -20,12 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tests.strategies import make_logits
+from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.kernels import SelectionWorkspace, plan_launch, prune_route, select_keep_mask
 from xshare_sglang.kernels import _prune_route as jit
+from xshare_sglang.policies.api import select
+from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
-from xshare_sglang.policies.routing import RouterSpec
 from xshare_sglang.policies.scores import exp32, sigmoid32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,27 +101,23 @@ def _coverage_cases() -> list[tuple]:
     return cases
 
 
-def _compare_routing(logits, cfg, router, *, bias=None, as_tensor=True, **kwargs) -> None:
+def _compare_routing(logits, cfg, router, *, bias=None, as_tensor=True, fill_dropped=False, **fields) -> None:
     """Kernel against reference: keep and ids exactly, weights within tolerance, metrics exactly."""
-    num_valid = kwargs.pop("num_valid_tokens", None)
     want_metrics = torch.zeros(4, dtype=torch.int64)
     want = prune_route_reference(
-        logits, cfg, router, correction_bias=bias, num_valid_tokens=num_valid, metrics_row=want_metrics, **kwargs
+        routing_call(logits, router, correction_bias=bias, **fields),
+        cfg,
+        fill_dropped=fill_dropped,
+        metrics_row=want_metrics,
     )
-    if as_tensor and num_valid is not None:
-        num_valid = torch.tensor([num_valid], device=DEVICE, dtype=torch.int32)
-    moved = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
     metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
     got = prune_route(
-        logits.to(DEVICE),
+        routing_call(logits, router, device=DEVICE, correction_bias=bias, as_tensor=as_tensor, **fields),
         cfg,
-        router,
-        correction_bias=None if bias is None else bias.to(DEVICE),
-        num_valid_tokens=num_valid,
+        fill_dropped=fill_dropped,
         metrics_row=metrics,
-        **moved,
     )
-    label = f"{cfg.summary()} {router} T={logits.shape[0]} E={logits.shape[1]} {kwargs.get('tokens_per_request')}"
+    label = f"{cfg.summary()} {router} T={logits.shape[0]} E={logits.shape[1]} {fields.get('tokens_per_request')}"
     assert got.keep.cpu().tolist() == want.keep.tolist(), label
     assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
     torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE, msg=label)
@@ -155,21 +152,17 @@ def test_prune_route_matches_reference(policy, num_tokens, num_experts, top_k, r
 @pytest.mark.parametrize(("num_tokens", "num_experts"), [(0, 60), (7, 160), (64, 128), (255, 64)])
 def test_select_keep_mask_matches_reference(policy: str, num_tokens: int, num_experts: int) -> None:
     """The keep-only launch (the masked path) agrees with the reference, stats included."""
-    from xshare_sglang.policies.api import select_with_aggregate
-
     case = _random_case(policy, num_tokens, num_experts, num_tokens + num_experts)
-    kwargs = dict(
-        top_k=case["top_k"],
+    fields = dict(
         tokens_per_request=case["tokens_per_request"],
         scoring=case["scoring"],
         num_valid_tokens=case["num_valid"],
+        expert_to_rank=case["expert_to_rank"],
     )
     logits = make_logits(num_tokens, num_experts, case["style"], num_tokens)
-    keep, aggregate = select_with_aggregate(logits, case["cfg"], expert_to_rank=case["expert_to_rank"], **kwargs)
+    keep, aggregate = select(routing_call(logits, case["top_k"], **fields), case["cfg"])
     stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
-    got = select_keep_mask(
-        logits.to(DEVICE), case["cfg"], expert_to_rank=case["expert_to_rank"].to(DEVICE), stats_out=stats, **kwargs
-    )
+    got = select_keep_mask(routing_call(logits, case["top_k"], device=DEVICE, **fields), case["cfg"], stats_out=stats)
     assert got.cpu().tolist() == keep.tolist(), case
     assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
 
@@ -186,16 +179,9 @@ def test_kernel_dtypes(dtype: torch.dtype, tolerance: dict, policy: str) -> None
     case = _random_case(policy, 24, 64, seed=11)
     logits = make_logits(24, 64, "normal", seed=3).to(dtype)
     router = RouterSpec(case["top_k"], case["scoring"])
-    want = prune_route_reference(
-        logits, case["cfg"], router, num_valid_tokens=20, expert_to_rank=case["expert_to_rank"]
-    )
-    got = prune_route(
-        logits.to(DEVICE),
-        case["cfg"],
-        router,
-        num_valid_tokens=torch.tensor([20], device=DEVICE),
-        expert_to_rank=case["expert_to_rank"].to(DEVICE),
-    )
+    fields = dict(num_valid_tokens=20, expert_to_rank=case["expert_to_rank"])
+    want = prune_route_reference(routing_call(logits, router, **fields), case["cfg"])
+    got = prune_route(routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), case["cfg"])
     assert got.keep.cpu().tolist() == want.keep.tolist()
     assert torch.equal(got.topk_ids.cpu(), want.topk_ids)
     torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **tolerance)
@@ -252,7 +238,7 @@ EDGE_CASES = [
 @pytest.mark.parametrize(("logits", "cfg", "top_k", "expected"), EDGE_CASES)
 def test_kernel_edge_cases(logits, cfg, top_k, expected) -> None:
     assert select_experts_mask(logits, cfg, top_k=top_k).tolist() == expected
-    assert select_keep_mask(logits.to(DEVICE), cfg, top_k=top_k).cpu().tolist() == expected
+    assert select_keep_mask(routing_call(logits, top_k, device=DEVICE), cfg).cpu().tolist() == expected
 
 
 def test_fallback_is_logged_once_and_correct(caplog) -> None:
@@ -260,13 +246,13 @@ def test_fallback_is_logged_once_and_correct(caplog) -> None:
     cfg = PrunerConfig(policy="xshare", k0=1, budget=3)
     logits = make_logits(6, 600, "normal", seed=2)  # E > 512: outside the kernels
     with caplog.at_level(logging.WARNING, logger="xshare_sglang.kernels.prune_route"):
-        first = select_keep_mask(logits.to(DEVICE), cfg, top_k=4)
-        second = prune_route(logits.to(DEVICE), cfg, RouterSpec(4))
+        first = select_keep_mask(routing_call(logits, 4, device=DEVICE), cfg)
+        second = prune_route(routing_call(logits, 4, device=DEVICE), cfg)
     messages = [r.getMessage() for r in caplog.records if "torch reference" in r.getMessage()]
     assert messages == ["moe-pruner selection uses the torch reference: E=600 experts (the kernels support up to 512)"]
     want = select_experts_mask(logits, cfg, top_k=4)
     assert first.cpu().tolist() == want.tolist() and second.keep.cpu().tolist() == want.tolist()
-    assert torch.equal(second.topk_ids.cpu(), prune_route_reference(logits, cfg, RouterSpec(4)).topk_ids)
+    assert torch.equal(second.topk_ids.cpu(), prune_route_reference(routing_call(logits, 4), cfg).topk_ids)
 
 
 @pytest.mark.parametrize("spec", [False, True])
@@ -290,27 +276,30 @@ def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens
 
 def test_none_and_out_buffers() -> None:
     logits = make_logits(5, 60, "normal", seed=0).to(DEVICE)
+    call = routing_call(logits, 2)
     out = torch.zeros(60, dtype=torch.bool, device=DEVICE)
-    assert select_keep_mask(logits, PrunerConfig(), top_k=2, out=out) is out and bool(out.all())
+    assert select_keep_mask(call, PrunerConfig(), out=out) is out and bool(out.all())
     cfg = PrunerConfig(policy="oea", k0=1)
-    result = select_keep_mask(logits, cfg, top_k=2, out=out, workspace=SelectionWorkspace(60, DEVICE))
+    result = select_keep_mask(call, cfg, out=out, workspace=SelectionWorkspace(60, DEVICE))
     assert result is out
     assert out.cpu().tolist() == select_experts_mask(logits.cpu(), cfg, top_k=2).tolist()
     ids = torch.full((5, 2), 7, dtype=torch.int32, device=DEVICE)
     weights = torch.full((5, 2), 7.0, device=DEVICE)
-    routed = prune_route(logits, cfg, RouterSpec(2), keep_out=out, ids_out=ids, weights_out=weights)
+    routed = prune_route(call, cfg, keep_out=out, ids_out=ids, weights_out=weights)
     assert routed.keep is out and routed.topk_ids is ids and routed.topk_weights is weights
-    assert torch.equal(ids.cpu(), prune_route_reference(logits.cpu(), cfg, RouterSpec(2)).topk_ids)
+    assert torch.equal(ids.cpu(), prune_route_reference(routing_call(logits.cpu(), 2), cfg).topk_ids)
     with pytest.raises(ValueError, match="out must be a bool tensor"):
-        select_keep_mask(logits, cfg, top_k=2, out=torch.zeros(60, device=DEVICE))
+        select_keep_mask(call, cfg, out=torch.zeros(60, device=DEVICE))
     with pytest.raises(ValueError, match="workspace is for E=64"):
-        select_keep_mask(logits, cfg, top_k=2, workspace=SelectionWorkspace(64, DEVICE))
+        select_keep_mask(call, cfg, workspace=SelectionWorkspace(64, DEVICE))
     with pytest.raises(ValueError, match=r"ids_out must be a torch.int32 tensor of shape \(5, 2\)"):
-        prune_route(logits, cfg, RouterSpec(2), ids_out=torch.zeros(5, 3, dtype=torch.int32, device=DEVICE))
+        prune_route(call, cfg, ids_out=torch.zeros(5, 3, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="correction bias needs scoring='sigmoid'"):
-        prune_route(logits, cfg, RouterSpec(2), correction_bias=torch.zeros(60, device=DEVICE))
+        routing_call(logits, 2, correction_bias=torch.zeros(60, device=DEVICE))
     with pytest.raises(ValueError, match="num_expert_group=8 does not divide the 60 experts"):
-        prune_route(logits, cfg, RouterSpec(2, num_expert_group=8, topk_group=2))
+        routing_call(logits, RouterSpec(2, num_expert_group=8, topk_group=2))
+    with pytest.raises(ValueError, match="policy 'xshare-ep' needs expert_to_rank"):
+        prune_route(call, PrunerConfig(policy="xshare-ep", k0=1))
 
 
 def test_moe_spec_static_routing(tmp_path) -> None:
@@ -356,8 +345,6 @@ VOTE_CASES = [(policy, "batch") for policy in POLICIES] + [("moe-spec", "request
 def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_experts) -> None:
     """Speculative verify: weighted votes (and moe-spec's per-request budgets) agree exactly with the
     reference, masks and the (kept, total) aggregate both."""
-    from xshare_sglang.policies.api import select_with_aggregate
-
     seed = num_tokens * 31 + num_experts
     case = _random_case(policy, num_tokens, num_experts, seed)
     cfg = case["cfg"]
@@ -365,30 +352,19 @@ def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_ex
         cfg = dataclasses.replace(cfg, scope=scope)
     weights = _vote_weights(num_tokens, seed)
     num_valid = max(0, num_tokens - 3)
-    kwargs = dict(
-        top_k=case["top_k"],
+    router = RouterSpec(case["top_k"], case["scoring"])
+    fields = dict(
         tokens_per_request=case["tokens_per_request"],
         expert_to_rank=case["expert_to_rank"],
-        scoring=case["scoring"],
         num_valid_tokens=num_valid,
+        token_weights=weights,
     )
     logits = make_logits(num_tokens, num_experts, case["style"], seed)
     if num_tokens < 4097:  # the routing too (under the interpreter a T=4097 routing takes ~20 s)
-        router = RouterSpec(kwargs["top_k"], kwargs["scoring"])
-        _compare_routing(
-            logits,
-            cfg,
-            router,
-            token_weights=weights,
-            tokens_per_request=kwargs["tokens_per_request"],
-            expert_to_rank=kwargs["expert_to_rank"],
-            num_valid_tokens=num_valid,
-        )
-    keep, aggregate = select_with_aggregate(logits, cfg, token_weights=weights, **kwargs)
-    kwargs["expert_to_rank"] = kwargs["expert_to_rank"].to(DEVICE)
-    kwargs["num_valid_tokens"] = torch.tensor([num_valid], device=DEVICE)
+        _compare_routing(logits, cfg, router, **fields)
+    keep, aggregate = select(routing_call(logits, router, **fields), cfg)
     stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
-    got = select_keep_mask(logits.to(DEVICE), cfg, token_weights=weights.to(DEVICE), stats_out=stats, **kwargs)
+    got = select_keep_mask(routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, stats_out=stats)
     assert got.cpu().tolist() == keep.tolist(), f"{cfg.summary()} case={case}"
     if policy != "lynx":
         assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
@@ -414,16 +390,17 @@ def test_one_layer_call_launches_at_most_two_kernels(policy, monkeypatch) -> Non
         router, bias = _router("biased", 8, 128, seed=num_tokens)
         logits = make_logits(num_tokens, 128, "normal", seed=num_tokens).to(DEVICE)
         launches.clear()
-        prune_route(
+        call = routing_call(
             logits,
-            cfg,
             router,
-            correction_bias=bias.to(DEVICE),
+            device=DEVICE,
+            as_tensor=True,
+            correction_bias=bias,
             tokens_per_request=tokens_per_request,
-            num_valid_tokens=torch.tensor([num_tokens], device=DEVICE),
-            expert_to_rank=case["expert_to_rank"].to(DEVICE),
-            metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE),
+            num_valid_tokens=num_tokens,
+            expert_to_rank=case["expert_to_rank"],
         )
+        prune_route(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE))
         assert 1 <= len(launches) <= 2, (num_tokens, launches)
         if num_tokens <= 32:
             assert len(launches) == 1, (num_tokens, launches)

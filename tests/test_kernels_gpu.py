@@ -13,11 +13,11 @@ import json
 import pytest
 import torch
 
-from tests.strategies import make_logits
+from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.kernels import SelectionWorkspace, prune_route, select_keep_mask
+from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
-from xshare_sglang.policies.routing import RouterSpec
 
 WEIGHT_TOLERANCE = dict(atol=2e-6, rtol=2e-5)
 
@@ -85,21 +85,12 @@ def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_pa
     workspace = SelectionWorkspace(num_experts, "cuda")
     router = RouterSpec(top_k, "sigmoid", True, 8, 4, 2.5)
 
+    fields = dict(correction_bias=bias, tokens_per_request=d, expert_to_rank=ranks, layer_id=1)
+    call = RoutingCall(logits, router, num_valid_tokens=num_valid, **fields)
+
     def step() -> None:
         prune_route(
-            logits,
-            cfg,
-            router,
-            correction_bias=bias,
-            tokens_per_request=d,
-            num_valid_tokens=num_valid,
-            expert_to_rank=ranks,
-            layer_id=1,
-            keep_out=keep,
-            ids_out=ids,
-            weights_out=weights,
-            metrics_row=metrics,
-            workspace=workspace,
+            call, cfg, keep_out=keep, ids_out=ids, weights_out=weights, metrics_row=metrics, workspace=workspace
         )
 
     logits.copy_(make_logits(num_tokens, num_experts, "normal", seed=0).to(dtype))
@@ -119,15 +110,7 @@ def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_pa
         _replay_without_sync(graph)
         want_metrics = torch.zeros(4, dtype=torch.int64)
         want = prune_route_reference(
-            logits.cpu(),
-            cfg,
-            router,
-            correction_bias=bias.cpu(),
-            tokens_per_request=d,
-            num_valid_tokens=real,
-            expert_to_rank=ranks.cpu(),
-            layer_id=1,
-            metrics_row=want_metrics,
+            routing_call(logits, router, device="cpu", num_valid_tokens=real, **fields), cfg, metrics_row=want_metrics
         )
         label = f"replay {replay} ({real} real tokens)"
         assert keep.cpu().tolist() == want.keep.tolist(), label
@@ -145,11 +128,11 @@ def test_eager_calls_never_sync(policy, tmp_path) -> None:
     num_valid = torch.tensor([90], device="cuda")
     kwargs = dict(top_k=8, tokens_per_request=3, num_valid_tokens=num_valid, expert_to_rank=ranks, layer_id=0)
     out = torch.empty(num_experts, dtype=torch.bool, device="cuda")
-    select_keep_mask(logits, cfg, out=out, **kwargs)  # compile, cache
+    select_keep_mask(RoutingCall.of(logits, **kwargs), cfg, out=out)  # compile, cache
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        select_keep_mask(logits, cfg, out=out, **kwargs)
+        select_keep_mask(RoutingCall.of(logits, **kwargs), cfg, out=out)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     want = select_experts_mask(logits.cpu(), cfg, **{**kwargs, "num_valid_tokens": 90, "expert_to_rank": ranks.cpu()})
@@ -185,10 +168,8 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
 
     def step():
         weights = vote_weights(draft_depths(positions, d), cfg.depth_decay, acceptable)
-        prune_route(
-            logits, cfg, router, tokens_per_request=d, num_valid_tokens=num_valid, keep_out=keep, ids_out=ids,
-            weights_out=topk_weights, workspace=workspace, token_weights=weights,
-        )  # fmt: skip
+        call = RoutingCall(logits, router, tokens_per_request=d, num_valid_tokens=num_valid, token_weights=weights)
+        prune_route(call, cfg, keep_out=keep, ids_out=ids, weights_out=topk_weights, workspace=workspace)
 
     _warm_up(step)
     graph = _capture(step)
@@ -206,7 +187,10 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
         _replay_without_sync(graph)
         want_weights = vote_weights(draft_depths(new_positions, d), cfg.depth_decay, new_acceptable)
         want = prune_route_reference(
-            new_logits, cfg, router, tokens_per_request=d, num_valid_tokens=real_bs * d, token_weights=want_weights
+            RoutingCall(
+                new_logits, router, tokens_per_request=d, num_valid_tokens=real_bs * d, token_weights=want_weights
+            ),
+            cfg,
         )
         assert keep.cpu().tolist() == want.keep.tolist(), f"replay {replay} ({real_bs} real requests)"
         assert torch.equal(ids.cpu(), want.topk_ids)

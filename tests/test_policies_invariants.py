@@ -88,13 +88,13 @@ def test_moe_spec_keeps_exactly_budget(call: dict, data: st.DataObject) -> None:
 def test_xshare_ep_balances_ranks(num_ranks: int, rank_budget: int, num_tokens: int, seed: int) -> None:
     """XShare App. A: without warm-up every round gives each rank one more expert while it has experts
     with a score > 0; rounds go on until ``rank_budget * G`` experts are kept (or none are left)."""
-    from xshare_sglang.policies.api import select_with_aggregate
+    from xshare_sglang.policies import RoutingCall, select
 
     num_experts = 64
     logits = make_logits(num_tokens, num_experts, "normal", seed)
     expert_to_rank = torch.arange(num_experts) // (num_experts // num_ranks)
     cfg = PrunerConfig(policy="xshare-ep", k0=0, rank_budget=rank_budget, score="probs")
-    keep, aggregate = select_with_aggregate(logits, cfg, top_k=4, expert_to_rank=expert_to_rank)
+    keep, aggregate = select(RoutingCall.of(logits, top_k=4, expert_to_rank=expert_to_rank), cfg)
     loads = torch.bincount(expert_to_rank[keep], minlength=num_ranks)
     # a rank runs out of candidates only where its experts' scores all fall below the 2**-24 grid
     scored = torch.bincount(expert_to_rank[aggregate > 0], minlength=num_ranks)

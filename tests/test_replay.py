@@ -9,6 +9,7 @@ import torch
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.cli import main
+from xshare_sglang.policies.call import RoutingCall
 from xshare_sglang.replay import BatchShape, bundled_trace_path, load_route_csv, segment_batches
 from xshare_sglang.replay.metrics import evaluate_call
 
@@ -72,11 +73,12 @@ def test_evaluate_call_by_hand() -> None:
     logits = torch.full((2, 4), float("-inf"))
     logits[0, 2], logits[0, 0] = torch.tensor(0.75).log(), torch.tensor(0.25).log()
     logits[1, 0], logits[1, 3] = torch.tensor(0.6).log(), torch.tensor(0.4).log()
-    m = evaluate_call(logits, ids, weights, PrunerConfig(policy="oea", k0=1), top_k=2, tokens_per_request=1)
+    call = RoutingCall.of(logits, top_k=2)
+    m = evaluate_call(call, ids, weights, PrunerConfig(policy="oea", k0=1))
     # keep {0, 2}; token 1 loses expert 3 (weight .4 of a total mass of 2)
     assert (m.activated, m.kept, m.top1_kept) == (2, 2, 1.0)
     assert m.retained_mass == pytest.approx(1.6 / 2)
-    none = evaluate_call(logits, ids, weights, PrunerConfig(), top_k=2, tokens_per_request=1)
+    none = evaluate_call(call, ids, weights, PrunerConfig())
     assert (none.activated, none.kept, none.retained_mass) == (3, 4, 1.0)
 
 

@@ -121,6 +121,7 @@ def test_runner_init_refuses_non_standard_routing(plugin_env) -> None:
 
 def test_runner_init_checks_the_static_ranking(plugin_env, monkeypatch, tmp_path) -> None:
     from xshare_sglang.sglang_plugin.model_layers import PrunerSetupError
+    from xshare_sglang.sglang_plugin.settings import _parse_settings
 
     path = tmp_path / "ranking.json"
     counts = [[1.0] * NUM_EXPERTS]  # one layer only
@@ -130,6 +131,7 @@ def test_runner_init_checks_the_static_ranking(plugin_env, monkeypatch, tmp_path
     with pytest.raises(PrunerSetupError, match="has 1 layers, but the model has MoE layer 1"):
         _init(_runner(_model(_topk_config(), _topk_config())))
     path.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": [[1.0] * 16]}))
+    _parse_settings.cache_clear()  # a process parses its settings once; here the file changes within one
     with pytest.raises(PrunerSetupError, match="ranks 16 experts per layer, the model has 32"):
         _init(_runner(_model(_topk_config())))
 

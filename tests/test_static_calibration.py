@@ -529,7 +529,9 @@ def test_pruner_set_by_moe_pruner_config_json_is_warned_about(caplog) -> None:
         "the server was launched with the pruner on (--moe-pruner-config policy moe-spec)"
     )
     (message,) = warnings_for("--moe-pruner-config", "/srv/pruner.json", "--moe-pruner", "none")
-    assert message.startswith("cannot tell whether the server runs the pruner: --moe-pruner-config: /srv/pruner.json names a file")
+    assert message.startswith(
+        "cannot tell whether the server runs the pruner: --moe-pruner-config: /srv/pruner.json names a file"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """xshare-sglang: batch-shared expert selection for MoE decoding in SGLang.
 
-Public API (DESIGN section 4)::
+Public API (stable: tests and tools outside the package call it)::
 
     from xshare_sglang import PrunerConfig, select_experts_mask, route_within
 

@@ -56,7 +56,7 @@ SCOPES: tuple[str, ...] = ("batch", "request")
 PHASES: tuple[str, ...] = ("decode", "verify", "extend", "mixed")
 DEFAULT_PHASES: tuple[str, ...] = ("decode", "verify")
 
-# Score each policy aggregates when ``score`` is left unset (DESIGN section 4).
+# Score each policy aggregates when ``score`` is left unset.
 DEFAULT_SCORE: dict[str, str] = {
     "none": "topk",
     "oea": "topk",
@@ -405,7 +405,7 @@ class PrunerConfig:
     # ------------------------------------------------------------------ (de)serialisation
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        """The public field names, in DESIGN section 4 order."""
+        """The public field names, in their documented order (the stable API's first)."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
     @classmethod

@@ -40,6 +40,11 @@ class ConfigError(ValueError):
         setting = f"{prefix}.{self.setting}" if self.setting else prefix
         return ConfigError(setting, f"{label}: {self}" if label else str(self), detail=self.detail)
 
+    def named(self, source: str, *, exact: bool = False) -> ConfigError:
+        """The same error blamed on ``source`` (a flag or variable) at the start of the message; with
+        ``exact`` (``source`` set exactly this setting) the flag is followed by :attr:`detail` alone."""
+        return ConfigError(self.setting, f"{source}: {self.detail if exact else self}", detail=self.detail)
+
 
 def invalid(owner: str, setting: str, value: Any, allowed: str) -> ConfigError:
     """``owner.setting=value is invalid: allowed``, blaming ``setting``."""

@@ -25,9 +25,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .. import PrunerConfig, route_within, select_experts_mask
+from .. import PrunerConfig, route_within
 from ..kernels import SelectionWorkspace, prune_route
-from ..policies.routing import RouterSpec
+from ..policies.api import select
+from ..policies.call import RouterSpec, RoutingCall
 from ..replay.route_csv import bundled_trace_path, load_route_csv
 from .common import sync, time_graph, write_csv
 from .moe_align import align_reference, align_tokens, local_ids
@@ -631,33 +632,24 @@ class PrunedLayer:
         self.case, self.cfg, self.workspace = case, cfg, workspace
         device = case.logits[0].device
         self.keep = torch.empty(case.shape.num_experts, dtype=torch.bool, device=device)
-        self.router = RouterSpec(case.shape.top_k, case.shape.scoring)
+        router = RouterSpec(case.shape.top_k, case.shape.scoring)
+        # one call per input, built (and checked) once, as the server builds one per layer call
+        self.calls = [
+            RoutingCall(
+                logits,
+                router,
+                tokens_per_request=case.tokens_per_request,
+                num_valid_tokens=case.num_valid,
+                expert_to_rank=case.expert_to_rank,
+            )
+            for logits in case.logits
+        ]
         # routing buffers the selection-only graph writes (same work as in the layer)
         self.scratch = [(ids.clone(), w.clone()) for ids, w in case.baseline_routes]
 
-    def kwargs(self) -> dict:
-        c = self.case
-        return dict(
-            top_k=c.shape.top_k,
-            tokens_per_request=c.tokens_per_request,
-            num_valid_tokens=c.num_valid,
-            expert_to_rank=c.expert_to_rank,
-            scoring=c.shape.scoring,
-        )
-
     def _prune_route(self, j: int, ids: torch.Tensor | None = None, w: torch.Tensor | None = None):
-        c = self.case
         return prune_route(
-            c.logits[j],
-            self.cfg,
-            self.router,
-            tokens_per_request=c.tokens_per_request,
-            num_valid_tokens=c.num_valid,
-            expert_to_rank=c.expert_to_rank,
-            keep_out=self.keep,
-            ids_out=ids,
-            weights_out=w,
-            workspace=self.workspace,
+            self.calls[j], self.cfg, keep_out=self.keep, ids_out=ids, weights_out=w, workspace=self.workspace
         )
 
     def route(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -671,7 +663,7 @@ class PrunedLayer:
     def check(self, j: int) -> dict:
         """Kernel mask vs reference, routing vs route_within, on input j (eager)."""
         logits = self.case.logits[j]
-        keep_ref = select_experts_mask(logits, self.cfg, **self.kwargs())
+        keep_ref = select(self.calls[j], self.cfg)[0]
         ids, w = self.route(j)
         sync()
         masks_equal = bool(torch.equal(self.keep, keep_ref))

@@ -6,8 +6,9 @@
 * :func:`select_keep_mask` - the keep mask alone, in one launch.
 
 Same inputs and meaning as the torch references :func:`xshare_sglang.policies.prune_route.prune_route`
-and :func:`xshare_sglang.select_experts_mask`, plus preallocated outputs and a workspace, so that a
-call inside a CUDA graph allocates nothing and never talks to the host.  Launch shapes depend only on
+and :func:`xshare_sglang.policies.select` (a :class:`~xshare_sglang.policies.RoutingCall`, checked
+when it was built, and the config), plus preallocated outputs and a workspace, so that a call inside
+a CUDA graph allocates nothing and never talks to the host.  Launch shapes depend only on
 the input shapes and the config, which capture fixes; the real-token count may be a device tensor
 the caller refills before each replay.
 
@@ -26,12 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from ..config import PrunerConfig
-from ..policies.api import select_with_aggregate, validate_selection_args
+from ..policies.api import select
+from ..policies.call import RoutingCall
 from ..policies.greedy import tau_fixed_point
 from ..policies.moe_spec import layer_redundancy, static_positions
-from ..policies.prune_route import PrunedRouting, check_prune_route_args
-from ..policies.prune_route import prune_route as prune_route_reference
-from ..policies.routing import RouterSpec
+from ..policies.prune_route import PrunedRouting, check_outputs, route_checked
 from ..policies.scores import float32_value
 
 logger = logging.getLogger(__name__)
@@ -75,15 +75,9 @@ def _per_request(cfg: PrunerConfig) -> bool:
     return cfg.policy == "xshare-spec" or (cfg.policy == "moe-spec" and cfg.scope == "request")
 
 
-def unsupported_reason(
-    logits: torch.Tensor,
-    cfg: PrunerConfig,
-    *,
-    top_k: int,
-    tokens_per_request: int,
-    router: RouterSpec | None = None,
-) -> str | None:
+def unsupported_reason(call: RoutingCall, cfg: PrunerConfig) -> str | None:
     """Why the kernels cannot serve this call, or None when they can."""
+    logits = call.logits
     if not (logits.is_cuda or (_interpreting() and logits.device.type == "cpu")):
         return f"logits on {logits.device.type} (the kernels need CUDA, or TRITON_INTERPRET=1 on CPU)"
     if logits.dtype not in SUPPORTED_DTYPES:
@@ -91,18 +85,18 @@ def unsupported_reason(
     num_tokens, num_experts = logits.shape
     if num_experts > MAX_EXPERTS:
         return f"E={num_experts} experts (the kernels support up to {MAX_EXPERTS})"
-    if top_k > MAX_TOP_K:
-        return f"top_k={top_k} (the kernels support up to {MAX_TOP_K})"
+    if call.top_k > MAX_TOP_K:
+        return f"top_k={call.top_k} (the kernels support up to {MAX_TOP_K})"
     if num_tokens > MAX_TOKENS:
         return f"T={num_tokens} tokens (the kernels support up to {MAX_TOKENS})"
-    if _per_request(cfg) and tokens_per_request > MAX_TOKENS_PER_REQUEST:
-        return f"tokens_per_request={tokens_per_request} (the kernels support up to {MAX_TOKENS_PER_REQUEST})"
+    if _per_request(cfg) and call.tokens_per_request > MAX_TOKENS_PER_REQUEST:
+        return f"tokens_per_request={call.tokens_per_request} (the kernels support up to {MAX_TOKENS_PER_REQUEST})"
     if cfg.policy == "moe-spec" and cfg.ranking == "coverage" and num_tokens > MAX_COVERAGE_TOKENS:
         return f"T={num_tokens} tokens with ranking=coverage (the kernels support up to {MAX_COVERAGE_TOKENS})"
     if cfg.policy == "lynx" and cfg.beta > MAX_LYNX_BETA:
         return f"lynx beta={cfg.beta} (the kernels support up to {MAX_LYNX_BETA})"
-    if router is not None and router.num_expert_group > MAX_GROUPS:
-        return f"{router.num_expert_group} expert groups (the kernels support up to {MAX_GROUPS})"
+    if call.router.num_expert_group > MAX_GROUPS:
+        return f"{call.router.num_expert_group} expert groups (the kernels support up to {MAX_GROUPS})"
     return None
 
 
@@ -205,9 +199,9 @@ def _report(reason: str) -> None:
         logger.warning("moe-pruner selection uses the torch reference: %s", reason)
 
 
-def _policy_args(cfg: PrunerConfig, layer_id: int | None, device: torch.device, num_experts: int) -> dict:
+def _policy_args(cfg: PrunerConfig, call: RoutingCall) -> dict:
     """The policy's part of the selection kernel's arguments."""
-    policy = cfg.policy
+    policy, layer_id, device, num_experts = cfg.policy, call.layer_id, call.device, call.num_experts
     static = policy == "moe-spec" and cfg.ranking == "static"
     coact = policy == "moe-spec" and cfg.ranking == "coactivation"
     coverage = policy == "moe-spec" and cfg.ranking == "coverage"
@@ -237,39 +231,35 @@ def _policy_args(cfg: PrunerConfig, layer_id: int | None, device: torch.device, 
 
 
 def _launch(
-    logits: torch.Tensor,
+    call: RoutingCall,
     cfg: PrunerConfig,
-    router: RouterSpec,
     *,
     route: bool,
     keep: torch.Tensor,
     workspace: SelectionWorkspace | None,
-    tokens_per_request: int,
-    num_valid_tokens: int | torch.Tensor | None,
-    expert_to_rank: torch.Tensor | None,
-    layer_id: int | None,
-    token_weights: torch.Tensor | None,
     ids: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
-    correction_bias: torch.Tensor | None = None,
     fill_dropped: bool = False,
     metrics_row: torch.Tensor | None = None,
     stats_out: torch.Tensor | None = None,
 ) -> None:
     from . import _prune_route as jit  # imports triton
 
+    logits, router = call.logits, call.router
     num_tokens, num_experts = logits.shape
     ws = workspace if workspace is not None else default_workspace(num_experts, logits.device)
     if ws.num_experts != num_experts or ws.device != logits.device:
         raise ValueError(
             f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {logits.device}"
         )
-    policy = _policy_args(cfg, layer_id, logits.device, num_experts)
+    policy = _policy_args(cfg, call)
     per_request = _per_request(cfg)
-    plan = plan_launch(num_tokens, num_experts, tokens_per_request, per_request)
+    plan = plan_launch(num_tokens, num_experts, call.tokens_per_request, per_request)
+    num_valid_tokens = call.num_valid_tokens
     nv_tensor = isinstance(num_valid_tokens, torch.Tensor)
     nv_ptr = num_valid_tokens if nv_tensor else ws.tickets
     nv_arg = num_tokens if (num_valid_tokens is None or nv_tensor) else int(num_valid_tokens)
+    token_weights = call.token_weights
     has_weights = token_weights is not None
     weights_in = token_weights.contiguous() if has_weights else ws.prim
     has_metrics = metrics_row is not None
@@ -278,6 +268,7 @@ def _launch(
     if cfg.policy == "none":
         need_scores = False  # every expert kept: the retained mass is whole, the aggregate unused
     num_groups = router.num_expert_group
+    correction_bias = call.correction_bias
     has_bias = correction_bias is not None
     block_e = plan.block_experts
     common = dict(
@@ -330,7 +321,7 @@ def _launch(
         cfg.beta,
         policy["static"] if policy["static"] is not None else ws.used,
         policy["redundancy"] if policy["redundancy"] is not None else ws.used,
-        expert_to_rank if expert_to_rank is not None else ws.flag,
+        call.expert_to_rank if call.expert_to_rank is not None else ws.flag,
         ws.row_scores,
         ws.agg_part,
         ws.warm_part,
@@ -379,16 +370,9 @@ def _launch(
 
 
 def prune_route(
-    logits: torch.Tensor,
+    call: RoutingCall,
     cfg: PrunerConfig,
-    router: RouterSpec,
     *,
-    correction_bias: torch.Tensor | None = None,
-    tokens_per_request: int = 1,
-    num_valid_tokens: int | torch.Tensor | None = None,
-    expert_to_rank: torch.Tensor | None = None,
-    layer_id: int | None = None,
-    token_weights: torch.Tensor | None = None,
     fill_dropped: bool = False,
     keep_out: torch.Tensor | None = None,
     ids_out: torch.Tensor | None = None,
@@ -406,114 +390,78 @@ def prune_route(
     PrunedRouting
         ``topk_ids`` [T, top_k] int32, ``topk_weights`` [T, top_k] float32, ``keep`` [E] bool.
     """
-    check_prune_route_args(
-        logits,
-        cfg,
-        router,
-        correction_bias=correction_bias,
-        tokens_per_request=tokens_per_request,
-        expert_to_rank=expert_to_rank,
-        token_weights=token_weights,
-        keep_out=keep_out,
-        ids_out=ids_out,
-        weights_out=weights_out,
-        metrics_row=metrics_row,
-    )
-    num_tokens, num_experts = logits.shape
-    inputs = dict(
-        correction_bias=correction_bias,
-        tokens_per_request=tokens_per_request,
-        num_valid_tokens=num_valid_tokens,
-        expert_to_rank=expert_to_rank,
-        layer_id=layer_id,
-        token_weights=token_weights,
-        fill_dropped=fill_dropped,
-        metrics_row=metrics_row,
-    )
-    reason = unsupported_reason(logits, cfg, top_k=router.top_k, tokens_per_request=tokens_per_request, router=router)
+    check_outputs(call, keep_out, ids_out, weights_out, metrics_row)
+    outputs = dict(keep_out=keep_out, ids_out=ids_out, weights_out=weights_out, metrics_row=metrics_row)
+    reason = unsupported_reason(call, cfg)
     if reason is not None:
         _report(reason)
-        return prune_route_reference(
-            logits, cfg, router, keep_out=keep_out, ids_out=ids_out, weights_out=weights_out, **inputs
-        )
-    device = logits.device
+        return route_checked(call, cfg, fill_dropped=fill_dropped, **outputs)
+    call.check_config(cfg)
+    num_tokens, num_experts = call.logits.shape
+    device = call.device
     keep = keep_out if keep_out is not None else torch.empty(num_experts, dtype=torch.bool, device=device)
-    ids = ids_out if ids_out is not None else torch.empty(num_tokens, router.top_k, dtype=torch.int32, device=device)
+    ids = ids_out if ids_out is not None else torch.empty(num_tokens, call.top_k, dtype=torch.int32, device=device)
     weights = (
         weights_out
         if weights_out is not None
-        else torch.empty(num_tokens, router.top_k, dtype=torch.float32, device=device)
+        else torch.empty(num_tokens, call.top_k, dtype=torch.float32, device=device)
     )
-    _launch(logits, cfg, router, route=True, keep=keep, ids=ids, weights=weights, workspace=workspace, **inputs)
+    _launch(
+        call,
+        cfg,
+        route=True,
+        keep=keep,
+        ids=ids,
+        weights=weights,
+        fill_dropped=fill_dropped,
+        metrics_row=metrics_row,
+        workspace=workspace,
+    )
     return PrunedRouting(ids, weights, keep)
 
 
 def select_keep_mask(
-    logits: torch.Tensor,
+    call: RoutingCall,
     cfg: PrunerConfig,
     *,
-    top_k: int,
-    tokens_per_request: int = 1,
-    num_valid_tokens: int | torch.Tensor | None = None,
-    expert_to_rank: torch.Tensor | None = None,
-    scoring: str = "softmax",
     out: torch.Tensor | None = None,
-    workspace: SelectionWorkspace | None = None,
-    layer_id: int | None = None,
     stats_out: torch.Tensor | None = None,
-    token_weights: torch.Tensor | None = None,
+    workspace: SelectionWorkspace | None = None,
 ) -> torch.Tensor:
     """Keep mask of one MoE layer call, computed on the device in one launch.
 
     Parameters
     ----------
-    logits : Tensor, shape [T, E], float32 / bfloat16 / float16
+    call : RoutingCall
+        Its router's ``top_k`` and scoring are read; the rest of the router is not.
     cfg : PrunerConfig
-    top_k, tokens_per_request, num_valid_tokens, expert_to_rank, scoring, layer_id, token_weights
-        As in :func:`xshare_sglang.select_experts_mask`.
     out : Tensor, shape [E], bool, optional
         Written in place and returned; pass one inside CUDA graphs.
-    workspace : SelectionWorkspace, optional
     stats_out : Tensor, shape [2], int64, optional
         Receives the aggregate score of the kept experts and of all experts (fixed point, the
         policy's score over the real tokens): their ratio is the share of score mass kept.
+    workspace : SelectionWorkspace, optional
 
     Returns
     -------
     Tensor, shape [E], bool
     """
-    validate_selection_args(
-        logits,
-        cfg,
-        top_k=top_k,
-        tokens_per_request=tokens_per_request,
-        expert_to_rank=expert_to_rank,
-        scoring=scoring,
-        token_weights=token_weights,
-    )
-    num_experts = logits.shape[1]
-    if out is not None and (out.shape != (num_experts,) or out.dtype != torch.bool or out.device != logits.device):
-        raise ValueError(f"out must be a bool tensor of shape ({num_experts},) on {logits.device}")
+    num_experts = call.num_experts
+    if out is not None and (out.shape != (num_experts,) or out.dtype != torch.bool or out.device != call.device):
+        raise ValueError(f"out must be a bool tensor of shape ({num_experts},) on {call.device}")
     if stats_out is not None and (stats_out.shape != (2,) or stats_out.dtype != torch.int64):
         raise ValueError("stats_out must be an int64 tensor of shape (2,)")
     if cfg.policy == "none" and stats_out is None:
-        return torch.ones(num_experts, dtype=torch.bool, device=logits.device) if out is None else out.fill_(True)
-    inputs = dict(
-        tokens_per_request=tokens_per_request,
-        num_valid_tokens=num_valid_tokens,
-        expert_to_rank=expert_to_rank,
-        layer_id=layer_id,
-        token_weights=token_weights,
-    )
-    reason = unsupported_reason(logits, cfg, top_k=top_k, tokens_per_request=tokens_per_request)
+        return torch.ones(num_experts, dtype=torch.bool, device=call.device) if out is None else out.fill_(True)
+    reason = unsupported_reason(call, cfg)
     if reason is not None:
         _report(reason)
-        keep, aggregate = select_with_aggregate(logits, cfg, top_k=top_k, scoring=scoring, **inputs)
+        keep, aggregate = select(call, cfg)
         if stats_out is not None:
             stats_out[0] = torch.where(keep, aggregate, 0).sum()
             stats_out[1] = aggregate.sum()
         return keep if out is None else out.copy_(keep)
-    keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=logits.device)
-    router = RouterSpec(top_k, scoring)
-    _launch(logits, cfg, router, route=False, keep=keep, stats_out=stats_out, workspace=workspace, **inputs)
+    call.check_config(cfg)
+    keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=call.device)
+    _launch(call, cfg, route=False, keep=keep, stats_out=stats_out, workspace=workspace)
     return keep

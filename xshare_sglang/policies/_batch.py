@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import PrunerConfig
+from .call import RoutingCall
 from .scores import aggregate, fixed_point_weights, token_scores, weigh_scores
 
 
@@ -18,6 +19,9 @@ class LayerBatch:
 
     Attributes
     ----------
+    call : RoutingCall
+        The call as it entered: the policies read its top-k, scoring, D, ranks and layer.
+    cfg : PrunerConfig
     logits : Tensor, shape [T, E], float32
         Sanitized router logits (:func:`~xshare_sglang.policies.scores.sanitize_logits`).
     valid : Tensor, shape [T], bool
@@ -26,31 +30,15 @@ class LayerBatch:
         Real rows (not CUDA-graph padding), voting or not; their count is the batch size n that
         ``min_tokens`` / ``max_tokens``, ``moe-spec``'s empty-batch rule and LYNX's base read.
     token_weights : Tensor, shape [T], float32, or None
-        Vote weight of each row (speculative verify: depth decay); None weighs every row 1.
-    cfg : PrunerConfig
-    top_k : int
-        The model's routed experts per token.
-    tokens_per_request : int
-        D: request r owns rows ``[r*D, (r+1)*D)``.
-    scoring : {"softmax", "sigmoid"}
-    expert_to_rank : Tensor, shape [E], int, or None
-    layer_id : int or None
+        Sanitized vote weight of each row (speculative verify: depth decay); None weighs every row 1.
     """
 
+    call: RoutingCall
+    cfg: PrunerConfig
     logits: torch.Tensor
     valid: torch.Tensor
     real: torch.Tensor
     token_weights: torch.Tensor | None
-    cfg: PrunerConfig
-    top_k: int
-    tokens_per_request: int
-    scoring: str
-    expert_to_rank: torch.Tensor | None
-    layer_id: int | None
-
-    @property
-    def num_tokens(self) -> int:
-        return self.logits.shape[0]
 
     @property
     def num_experts(self) -> int:
@@ -64,7 +52,8 @@ class LayerBatch:
     @cached_property
     def quantized_scores(self) -> torch.Tensor:
         """Fixed-point per-token scores of the configured kind, times the token weights, [T, E] int64."""
-        scores = token_scores(self.logits, score=self.cfg.effective_score, scoring=self.scoring, top_k=self.top_k)
+        call = self.call
+        scores = token_scores(self.logits, score=self.cfg.effective_score, scoring=call.scoring, top_k=call.top_k)
         if self.token_weights is not None:
             scores = weigh_scores(scores, fixed_point_weights(self.token_weights))
         return scores

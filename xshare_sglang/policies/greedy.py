@@ -1,4 +1,4 @@
-"""The set-building steps the XShare family is made of (DESIGN section 4).
+"""The set-building steps the XShare family is made of.
 
 * :func:`warm_up`       W(k0): union of every valid token's top-``k0`` experts by logit.
 * :func:`greedy_add`    G(S, agg, b): add the ``b`` best experts outside S with aggregate > 0.

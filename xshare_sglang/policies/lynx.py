@@ -100,7 +100,7 @@ def select_lynx(batch: LayerBatch) -> Selection:
     logit_place = positions_in_order(descending_order(logits))
     key = ((bins + cfg.beta) * num_experts + s_rank[None, :]) * num_experts + (num_experts - 1 - logit_place)
     key = torch.where(logits > float("-inf"), key, -1)
-    k = min(batch.top_k, num_experts)
+    k = min(batch.call.top_k, num_experts)
     picked = descending_order(key)[:, :k]
     pick_mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, picked, True) & (key >= 0)
     keep = (pick_mask & batch.valid[:, None]).any(dim=0)

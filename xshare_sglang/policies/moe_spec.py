@@ -68,20 +68,20 @@ def select_moe_spec(batch: LayerBatch) -> Selection:
     with co-activation discounts); B from
     :meth:`PrunerConfig.layer_budget`."""
     cfg = batch.cfg
-    budget = cfg.layer_budget(batch.layer_id)
+    budget = cfg.layer_budget(batch.call.layer_id)
     if cfg.ranking == "static":
-        keep = (static_positions(cfg, batch.layer_id, batch.logits.device) < budget) & (batch.num_valid > 0)
+        keep = (static_positions(cfg, batch.call.layer_id, batch.logits.device) < budget) & (batch.num_valid > 0)
         return Selection(keep, torch.zeros_like(keep))
     if cfg.ranking == "coverage":
         keep = coverage_add(batch.valid_scores, batch.batch_aggregate, budget, batch.num_valid > 0)
         return Selection(keep, torch.zeros_like(keep))
     if cfg.ranking == "coactivation":
-        redundancy = layer_redundancy(cfg, batch.layer_id, batch.logits.device)
+        redundancy = layer_redundancy(cfg, batch.call.layer_id, batch.logits.device)
         keep = coactivation_add(batch.batch_aggregate, redundancy, budget, batch.num_valid > 0)
         return Selection(keep, torch.zeros_like(keep))
     if cfg.scope == "request":
-        agg_per_request = per_request_sums(batch.valid_scores, batch.tokens_per_request)
-        votes = per_request_sums(batch.valid.to(torch.int64)[:, None], batch.tokens_per_request)[:, 0] > 0
+        agg_per_request = per_request_sums(batch.valid_scores, batch.call.tokens_per_request)
+        votes = per_request_sums(batch.valid.to(torch.int64)[:, None], batch.call.tokens_per_request)[:, 0] > 0
         keep = (_top(agg_per_request, budget) & votes[:, None]).any(dim=0)
         return Selection(keep, torch.zeros_like(keep))
     keep = _top(batch.batch_aggregate, budget) & (batch.num_valid > 0)

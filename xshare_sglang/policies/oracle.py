@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import COVERAGES
-from .api import check_routing_args
+from .call import RouterSpec, check_routing_args
 from .routing import route_logits
 from .scores import sanitize_logits, valid_token_mask
 
@@ -108,7 +108,7 @@ def oracle_ranking(
     clean = sanitize_logits(logits)
     outputs = expert_outputs.to(torch.float64)
     valid = valid_token_mask(num_tokens, num_valid_tokens, logits.device)[:, None]
-    route = dict(top_k=top_k, coverage=coverage, scoring=scoring, renormalize=renormalize)
+    route = dict(router=RouterSpec(top_k, scoring, renormalize), coverage=coverage)
     all_experts = torch.ones(num_experts, dtype=torch.bool, device=logits.device)
     target = torch.where(valid, _moe_outputs(*route_logits(clean, all_experts, **route), outputs), 0.0)
 

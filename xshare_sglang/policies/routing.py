@@ -26,14 +26,11 @@ weight 0.  Slots are ordered by key, highest first, ties to the lower index.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..config import COVERAGES
-from .api import check_routing_args
+from .call import RouterSpec, check_routing_args
 from .scores import (
-    SCORINGS,
     descending_order,
     normalize_rows,
     sanitize_logits,
@@ -43,73 +40,6 @@ from .scores import (
 )
 
 _FP32_MAX = torch.finfo(torch.float32).max
-
-
-@dataclass(frozen=True)
-class RouterSpec:
-    """How a model routes its tokens: the parts of SGLang's ``TopKConfig`` that routing reads.
-
-    Attributes
-    ----------
-    top_k : int
-        Routed experts per token.
-    scoring : {"softmax", "sigmoid"}
-    renormalize : bool
-        Whether the weights of a token's picks are divided by their sum.
-    num_expert_group : int
-        G; 1 means no grouping.  E must be a multiple of G.
-    topk_group : int
-        Groups a token may pick from (1 <= topk_group <= G).
-    routed_scaling_factor : float or None
-        Multiplies every routed weight (SGLang: only when ``apply_routed_scaling_factor_on_output``).
-    """
-
-    top_k: int
-    scoring: str = "softmax"
-    renormalize: bool = True
-    num_expert_group: int = 1
-    topk_group: int = 1
-    routed_scaling_factor: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("top_k", "num_expert_group", "topk_group"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"RouterSpec.{name}={value!r} is invalid: must be an integer >= 1")
-        if self.scoring not in SCORINGS:
-            raise ValueError(f"RouterSpec.scoring={self.scoring!r} is invalid: choose one of {', '.join(SCORINGS)}")
-        if not isinstance(self.renormalize, bool):
-            raise ValueError(f"RouterSpec.renormalize={self.renormalize!r} is invalid: must be True or False")
-        if self.topk_group > self.num_expert_group:
-            raise ValueError(
-                f"RouterSpec.topk_group={self.topk_group} is invalid: must be <= num_expert_group="
-                f"{self.num_expert_group}"
-            )
-        factor = self.routed_scaling_factor
-        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0):
-            raise ValueError(f"RouterSpec.routed_scaling_factor={factor!r} is invalid: must be None or a number > 0")
-
-    @property
-    def grouped(self) -> bool:
-        return self.num_expert_group > 1
-
-    def check(self, num_experts: int, correction_bias: torch.Tensor | None) -> None:
-        """Raise ``ValueError`` when this router cannot route ``num_experts`` experts (with this bias)."""
-        if self.top_k > num_experts:
-            raise ValueError(f"top_k={self.top_k} is invalid: must be an integer in [1, {num_experts}]")
-        if num_experts % self.num_expert_group:
-            raise ValueError(f"num_expert_group={self.num_expert_group} does not divide the {num_experts} experts")
-        if self.grouped and self.top_k > self.topk_group * (num_experts // self.num_expert_group):
-            raise ValueError(
-                f"top_k={self.top_k} exceeds the {self.topk_group} groups of "
-                f"{num_experts // self.num_expert_group} experts a token may pick from"
-            )
-        if correction_bias is not None:
-            if self.scoring != "sigmoid":
-                raise ValueError("a correction bias needs scoring='sigmoid' (the key is sigmoid(logit) + bias)")
-            if not isinstance(correction_bias, torch.Tensor) or correction_bias.shape != (num_experts,):
-                shape = tuple(correction_bias.shape) if isinstance(correction_bias, torch.Tensor) else correction_bias
-                raise ValueError(f"correction_bias must be a tensor of shape ({num_experts},), got {shape}")
 
 
 def sanitize_bias(correction_bias: torch.Tensor) -> torch.Tensor:
@@ -153,13 +83,10 @@ def group_allowed(key: torch.Tensor, candidates: torch.Tensor, router: RouterSpe
 def route_logits(
     logits: torch.Tensor,
     keep: torch.Tensor,
+    router: RouterSpec,
     *,
-    top_k: int,
     coverage: str,
-    scoring: str,
-    renormalize: bool,
     correction_bias: torch.Tensor | None = None,
-    router: RouterSpec | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing of sanitized logits under one or several keep masks.
 
@@ -168,12 +95,10 @@ def route_logits(
     logits : Tensor, shape [T, E], float32, sanitized
     keep : Tensor, shape [E] or [C, 1, E], bool
         One mask, or C candidate masks (the oracle evaluates many at once).
-    top_k, coverage, scoring, renormalize
-        As in :func:`route_within`.
+    router : RouterSpec
+        The model's router (checked against E by the caller).
+    coverage : {"substitution", "truncation"}
     correction_bias : Tensor, shape [E], optional
-    router : RouterSpec, optional
-        Grouping and output scaling; when given, its ``top_k``, ``scoring`` and ``renormalize``
-        must equal the arguments.
 
     Returns
     -------
@@ -185,15 +110,15 @@ def route_logits(
     candidates = (finite & keep) if coverage == "substitution" else finite.expand(batch_shape)
     key = choice_keys(logits, correction_bias).expand(batch_shape)
     allowed = candidates
-    if router is not None and router.grouped:
+    if router.grouped:
         allowed = candidates & group_allowed(key, candidates, router, correction_bias is not None)
-    slots = descending_order(torch.where(allowed, key, float("-inf")))[..., :top_k]
+    slots = descending_order(torch.where(allowed, key, float("-inf")))[..., : router.top_k]
     filled = allowed.gather(-1, slots)
     wide = logits.expand(batch_shape)
-    weights = torch.where(filled, scoring_weights(wide, candidates, scoring).gather(-1, slots), 0.0)
-    if renormalize:
+    weights = torch.where(filled, scoring_weights(wide, candidates, router.scoring).gather(-1, slots), 0.0)
+    if router.renormalize:
         weights = normalize_rows(weights)
-    if router is not None and router.routed_scaling_factor is not None:
+    if router.routed_scaling_factor is not None:
         weights = weights * float(router.routed_scaling_factor)
     if coverage == "truncation":
         filled = filled & keep.expand(batch_shape).gather(-1, slots)
@@ -229,8 +154,7 @@ def route_within(
     renormalize : bool
         Whether the model renormalizes its top-k weights to sum to one.
     num_valid_tokens : int or one-element Tensor, optional
-        Rows at or after it are padding and get only ``-1`` slots (an addition to DESIGN section 4's
-        signature, for CUDA-graph padded batches).
+        Rows at or after it are padding and get only ``-1`` slots (CUDA-graph padded batches).
     correction_bias : Tensor, shape [E], optional
         Added to ``sigmoid32(logit)`` to choose experts, not to weigh them (needs sigmoid scoring).
     num_expert_group, topk_group : int
@@ -255,12 +179,9 @@ def route_within(
     ids, weights = route_logits(
         sanitize_logits(logits),
         keep.to(logits.device),
-        top_k=top_k,
+        router,
         coverage=coverage,
-        scoring=scoring,
-        renormalize=renormalize,
         correction_bias=None if correction_bias is None else correction_bias.to(logits.device),
-        router=router,
     )
     valid = valid_token_mask(num_tokens, num_valid_tokens, logits.device)[:, None]
     return torch.where(valid, ids, -1).to(torch.int32), torch.where(valid, weights, 0.0)

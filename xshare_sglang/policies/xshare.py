@@ -1,7 +1,7 @@
 """XShare-family policies: ``oea``, ``xshare``, ``xshare-threshold``, ``xshare-spec``, ``xshare-ep``.
 
 Sources: XShare (final version) Alg. 1-6; XShare (earlier version) Alg. 1 with a threshold; OEA is
-XShare Alg. 2 with budget 0.  Semantics: DESIGN section 4.
+XShare Alg. 2 with budget 0.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def select_xshare_spec(batch: LayerBatch) -> Selection:
     block of real tokens is a request of its own and blocks of padding contribute nothing.
     """
     cfg = batch.cfg
-    d = batch.tokens_per_request
+    d = batch.call.tokens_per_request
     warm_rows = top_by_logit(batch.logits, cfg.k0) & batch.valid[:, None]
     warm_per_request = per_request_sums(warm_rows.to(torch.int64), d) > 0
     agg_per_request = per_request_sums(batch.valid_scores, d)
@@ -52,5 +52,5 @@ def select_xshare_spec(batch: LayerBatch) -> Selection:
 def select_xshare_ep(batch: LayerBatch) -> Selection:
     """``xshare-ep``: W(k0), then GPU-balanced greedy rounds (XShare Alg. 5-6)."""
     warm = warm_up(batch.logits, batch.valid, batch.cfg.k0)
-    keep = rank_rounds_add(warm, batch.batch_aggregate, batch.expert_to_rank, batch.cfg.rank_budget)
+    keep = rank_rounds_add(warm, batch.batch_aggregate, batch.call.expert_to_rank, batch.cfg.rank_budget)
     return Selection(keep, warm)

@@ -1,7 +1,7 @@
 """Bandwidth cost model of an MoE layer call in decode.
 
 Decode-sized MoE calls are bound by reading expert weights from HBM: the floor of one call is
-``activated experts x bytes per expert / HBM bandwidth`` (DESIGN section 10).  The model ignores
+``activated experts x bytes per expert / HBM bandwidth``.  The model ignores
 attention, the router, launch overheads and the selection itself, so its speed-up is an upper bound
 for the MoE layers and says nothing about the rest of the forward.
 """

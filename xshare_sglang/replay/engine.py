@@ -1,6 +1,6 @@
 """Offline replay: run policies over batches built from a trace, through the server's code path.
 
-Every layer call of every batch goes through :func:`~xshare_sglang.select_experts_mask` and
+Every layer call of every batch goes through the policies' selection and
 :func:`~xshare_sglang.route_within` (see :func:`.metrics.evaluate_call`); the rows report means over
 layer calls and the bandwidth cost model's figures (:mod:`.cost`).
 """
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..config import PrunerConfig
+from ..policies.call import RoutingCall
 from .batches import BatchShape
 from .cost import DEVICES, Device, modeled_speedup, moe_read_seconds
 from .metrics import evaluate_call
@@ -106,18 +107,16 @@ def replay_table(
         pruned_bytes = 0.0
         for layer in range(meta.num_layers):
             for batch in batches:
-                m = evaluate_call(
+                call = RoutingCall.of(
                     table.logits[layer][batch],
-                    table.natural_ids[batch, layer],
-                    table.natural_weights[batch, layer],
-                    cfg,
                     top_k=meta.top_k,
+                    scoring=meta.scoring,
                     tokens_per_request=shape.tokens_per_request,
                     expert_to_rank=expert_to_rank,
                     layer_id=layer,
-                    scoring=meta.scoring,
                     token_weights=token_weights,
                 )
+                m = evaluate_call(call, table.natural_ids[batch, layer], table.natural_weights[batch, layer], cfg)
                 totals += torch.tensor([m.activated, m.kept, m.retained_mass, m.top1_kept], dtype=torch.float64)
                 pruned_bytes += m.activated * layer_bytes[layer]
         mean = (totals / calls).tolist()

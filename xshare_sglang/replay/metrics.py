@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import PrunerConfig
-from ..policies import route_within, select_experts_mask
+from ..policies import route_within
+from ..policies.api import select
+from ..policies.call import RoutingCall
 
 
 @dataclass(frozen=True)
@@ -25,42 +27,25 @@ class CallMetrics:
 
 
 def evaluate_call(
-    logits: torch.Tensor,
-    natural_ids: torch.Tensor,
-    natural_weights: torch.Tensor,
-    cfg: PrunerConfig,
-    *,
-    top_k: int,
-    tokens_per_request: int,
-    expert_to_rank: torch.Tensor | None = None,
-    layer_id: int | None = None,
-    scoring: str = "softmax",
-    token_weights: torch.Tensor | None = None,
+    call: RoutingCall, natural_ids: torch.Tensor, natural_weights: torch.Tensor, cfg: PrunerConfig
 ) -> CallMetrics:
     """Run one policy on one layer call, exactly as the server would, and measure it.
 
     Parameters
     ----------
-    logits : Tensor, shape [T, E]
+    call : RoutingCall
+        The layer call (logits [T, E], top-k, scoring, D, ranks, layer, vote weights).  Rows with
+        vote weight 0 (never accepted) are routed nowhere, as the server drops them, and leave the
+        retained-mass and top-1 figures.
     natural_ids : Tensor, shape [T, k], int64
         The unpruned top-k experts of each token (``-1`` = none).
     natural_weights : Tensor, shape [T, k]
         Their router weights.
-    cfg, top_k, tokens_per_request, expert_to_rank, layer_id, scoring, token_weights
-        As in :func:`~xshare_sglang.select_experts_mask`.  Rows with weight 0 (never accepted) are
-        routed nowhere, as the server drops them, and leave the retained-mass and top-1 figures.
+    cfg : PrunerConfig
     """
-    keep = select_experts_mask(
-        logits,
-        cfg,
-        top_k=top_k,
-        tokens_per_request=tokens_per_request,
-        expert_to_rank=expert_to_rank,
-        scoring=scoring,
-        layer_id=layer_id,
-        token_weights=token_weights,
-    )
-    ids, _ = route_within(logits, keep, top_k=top_k, coverage=cfg.coverage, scoring=scoring)
+    keep, _ = select(call, cfg)
+    ids, _ = route_within(call.logits, keep, top_k=call.top_k, coverage=cfg.coverage, scoring=call.scoring)
+    token_weights = call.token_weights
     if token_weights is not None:
         voting = token_weights > 0
         ids, natural_ids, natural_weights = ids[voting], natural_ids[voting], natural_weights[voting]

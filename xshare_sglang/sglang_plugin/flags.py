@@ -21,10 +21,13 @@ from ..errors import ConfigError
 from ..spec.echo.settings import DEFAULT_LOG_EVERY as DEFAULT_ECHO_LOG_EVERY
 from ..spec.echo.settings import DEFAULT_LOG_MAX_RECORDS as DEFAULT_ECHO_LOG_MAX_RECORDS
 from .settings import (
+    DEFAULT_GUARD_MARGIN,
+    DEFAULT_GUARD_SECONDS,
     DEFAULT_LOG_INTERVAL,
     DEFAULT_TRACE_EVERY,
     DEFAULT_TRACE_MAX_MB,
     ENV_VAR,
+    GUARDS,
     PluginSettings,
     read_json_object,
 )
@@ -43,6 +46,12 @@ ECHO_FLAGS = {
     "log_dir": "--xshare-echo-log-dir",
     "log_every": "--xshare-echo-log-every",
     "log_max_records": "--xshare-echo-log-max-records",
+}
+GUARD_FLAGS = {
+    "guard": "--moe-pruner-guard",
+    "guard_margin": "--moe-pruner-guard-margin",
+    "guard_seconds": "--moe-pruner-guard-seconds",
+    "guard_trace": "--moe-pruner-guard-trace",
 }
 TRACE_FLAGS = {
     "trace_dir": "--moe-pruner-trace-dir",
@@ -244,6 +253,38 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         ),
     )
     _add_options(group, TRACE_FLAGS, trace_options)
+    group.add_argument(
+        GUARD_FLAGS["guard"],
+        choices=GUARDS,
+        default=None,
+        help="auto: at start-up, time the MoE layers unpruned and pruned for every real-token bucket the server "
+        "runs and prune only where pruning is faster by the margin; off: prune every call (default: off)",
+    )
+    guard_options = (
+        (
+            "guard_margin",
+            _real,
+            "X",
+            f"share of the unpruned time pruning must save in a bucket to stay on, in [0, 1) "
+            f"(default: {DEFAULT_GUARD_MARGIN:g})",
+        ),
+        (
+            "guard_seconds",
+            _positive_real,
+            "S",
+            f"most start-up seconds the guard may spend; buckets not timed enough stay unpruned "
+            f"(default: {DEFAULT_GUARD_SECONDS:g})",
+        ),
+        (
+            "guard_trace",
+            str,
+            "PATH",
+            "xshare-trace file or folder (--moe-pruner-trace-dir) whose router logits the guard times with "
+            "(default: the calibration file's counts if the config names one, else the model's routers on "
+            "hidden states drawn from its embeddings)",
+        ),
+    )
+    _add_options(group, GUARD_FLAGS, guard_options)
     echo = parser.add_argument_group(
         "ECHO draft-tree scheduling (xshare-sglang)",
         "Elastic verification budget with sparse confidence gating for EAGLE/EAGLE3 trees "
@@ -298,6 +339,8 @@ def flag_for_field(field: str) -> str:
         return LOG_INTERVAL_FLAG
     if field in TRACE_FLAGS:
         return TRACE_FLAGS[field]
+    if field in GUARD_FLAGS:
+        return GUARD_FLAGS[field]
     if field.startswith("echo."):
         return ECHO_FLAGS[field[len("echo.") :]]
     return f"{FLAG_PREFIX}-{field.replace('_', '-')}"
@@ -366,7 +409,7 @@ class TypedSettings:
             return PluginSettings.from_dict(self.data)
         except ConfigError as exc:
             source, exact = self.blame(exc.setting)
-            raise ConfigError(exc.setting, f"{source}: {exc.detail if exact else exc}", detail=exc.detail) from None
+            raise exc.named(source, exact=exact) from None
 
 
 def typed_settings(
@@ -400,10 +443,10 @@ def typed_settings(
         try:
             typed.update(read_config(config_text), CONFIG_FLAG)
         except ConfigError as exc:
-            raise ConfigError(exc.setting, f"{CONFIG_FLAG}: {exc}", detail=exc.detail) from None
+            raise exc.named(CONFIG_FLAG) from None
     flags = [(spec.field, spec.dest, spec.flag) for spec in FIELD_FLAGS]
     flags += [("policy", "moe_pruner", FLAG_PREFIX), ("log_interval", "moe_pruner_log_interval", LOG_INTERVAL_FLAG)]
-    flags += [(field, f"moe_pruner_{field}", flag) for field, flag in TRACE_FLAGS.items()]
+    flags += [(field, f"moe_pruner_{field}", flag) for field, flag in {**TRACE_FLAGS, **GUARD_FLAGS}.items()]
     flags += [(f"echo.{field}", f"xshare_echo_{field}", flag) for field, flag in ECHO_FLAGS.items()]
     flags += [("verify.policy", "moe_pruner_verify", VERIFY_FLAG)]
     for key, dest, flag in flags:

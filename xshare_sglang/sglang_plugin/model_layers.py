@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ..config import PrunerConfig
+from ..policies.call import RouterSpec
 from ..policies.rewrite import METRIC_COLUMNS
-from ..policies.routing import RouterSpec
 from .moe_backends import dropped_slots_filled
 from .runtime import LayerState, PrunerRuntime
 from .settings import PluginSettings

@@ -25,15 +25,17 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
 
+from ..break_even import GuardTable
 from ..config import PrunerConfig
 from ..kernels import SelectionWorkspace, prune_route, select_keep_mask
 from ..policies.apply import mask_router_inputs
+from ..policies.call import RouterSpec, RoutingCall
 from ..policies.rewrite import rewrite_routing
-from ..policies.routing import RouterSpec
 from .settings import PluginSettings
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,12 @@ class LayerState:
     fill_dropped: bool = False  # the layer's MoE backend cannot take -1: dropped slots get weight-0 ids
     router: RouterSpec | None = None  # the fused kernels replace this layer's router (None: masked path)
 
+    @cached_property
+    def selection_router(self) -> RouterSpec:
+        """The router the selection reads: the fused router, or on the masked path (where SGLang's own
+        router routes afterwards) the layer's top-k and scoring alone."""
+        return self.router if self.router is not None else RouterSpec(self.top_k, self.scoring)
+
 
 @dataclass
 class ActiveCall:
@@ -131,6 +139,8 @@ class PrunerRuntime:
     graph_pruned: dict[tuple[str | None, int], bool] = field(default_factory=dict)
     # the graph replayed in the current forward was captured pruned (set by the load_batch hook)
     replay_pruned: bool = False
+    # --moe-pruner-guard auto: the buckets where pruning pays (None: prune every call the config covers)
+    guard: GuardTable | None = None
     faults: int = 0
     pruned_forwards: int = 0
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)
@@ -150,9 +160,13 @@ class PrunerRuntime:
         scope = self.scope
         return scope is not None and scope.cfg is not None
 
-    def config_for(self, phase: str | None) -> PrunerConfig | None:
-        """The config of ``phase``, None when that phase is not pruned."""
-        return self.settings.config_for(phase)
+    def config_for(self, phase: str | None, num_tokens: int | None = None) -> PrunerConfig | None:
+        """The config of ``phase``, None when that phase is not pruned, or (with the guard on) when
+        pruning does not pay for forwards of ``num_tokens`` tokens."""
+        cfg = self.settings.config_for(phase)
+        if cfg is None or self.guard is None or num_tokens is None:
+            return cfg
+        return cfg if self.guard.prunes(phase, num_tokens) else None
 
     # ------------------------------------------------------------------ per layer call
     def begin_call(
@@ -184,6 +198,30 @@ class PrunerRuntime:
             self._workspaces[key] = SelectionWorkspace(logits.shape[1], logits.device)
         return self._workspaces[key]
 
+    def routing_call(
+        self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None = None
+    ) -> RoutingCall:
+        """The :class:`RoutingCall` of this layer call: its inputs checked once, against the layer.
+
+        Raises on a test fault file, or inputs that do not fit the layer.
+        """
+        layer = call.layer
+        fault_file = self.settings.test_fault_file
+        if fault_file is not None and os.path.exists(fault_file):
+            raise RuntimeError(f"fault injected for a test ({fault_file} exists)")
+        if router_logits.dim() != 2 or router_logits.shape[1] != layer.num_experts:
+            raise ValueError(f"router logits of shape {tuple(router_logits.shape)}, expected [T, {layer.num_experts}]")
+        return RoutingCall(
+            router_logits,
+            layer.selection_router,
+            tokens_per_request=self.scope.tokens_per_request,
+            num_valid_tokens=call.num_valid,
+            expert_to_rank=layer.expert_to_rank,
+            layer_id=layer.layer_id,
+            token_weights=call.token_weights,
+            correction_bias=correction_bias,
+        )
+
     def select_and_mask(
         self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,21 +232,12 @@ class PrunerRuntime:
         """
         layer = call.layer
         try:
-            self._check_call(call, router_logits)
-            token_weights = call.token_weights
             select_keep_mask(
-                router_logits,
+                self.routing_call(call, router_logits),
                 self.scope.cfg,
-                top_k=layer.top_k,
-                tokens_per_request=self.scope.tokens_per_request,
-                num_valid_tokens=call.num_valid,
-                expert_to_rank=layer.expert_to_rank,
-                scoring=layer.scoring,
                 out=layer.keep,
-                workspace=self._workspace(router_logits),
-                layer_id=layer.layer_id,
                 stats_out=layer.stats,
-                token_weights=token_weights,
+                workspace=self._workspace(router_logits),
             )
             if self.scope.cfg.coverage == "truncation":
                 # every token keeps its natural routing; the rewrite drops the picks outside the mask
@@ -235,17 +264,9 @@ class PrunerRuntime:
         with the layer's metrics accumulated.  None on any error (the call then runs unpruned)."""
         layer = call.layer
         try:
-            self._check_call(call, router_logits)
             ids, weights, _ = prune_route(
-                router_logits,
+                self.routing_call(call, router_logits, correction_bias),
                 self.scope.cfg,
-                layer.router,
-                correction_bias=correction_bias,
-                tokens_per_request=self.scope.tokens_per_request,
-                num_valid_tokens=call.num_valid,
-                expert_to_rank=layer.expert_to_rank,
-                layer_id=layer.layer_id,
-                token_weights=call.token_weights,
                 fill_dropped=layer.fill_dropped,
                 keep_out=layer.keep,
                 metrics_row=self.metrics[layer.row],
@@ -257,20 +278,6 @@ class PrunerRuntime:
         if self.recorder is not None and self.recorder.current is not None:
             self.recorder.record_keep(layer.row, layer.keep)
         return ids, weights
-
-    def _check_call(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
-        """Raise on a test fault file, or inputs that do not match the layer."""
-        layer = call.layer
-        fault_file = self.settings.test_fault_file
-        if fault_file is not None and os.path.exists(fault_file):
-            raise RuntimeError(f"fault injected for a test ({fault_file} exists)")
-        if router_logits.dim() != 2 or router_logits.shape[1] != layer.num_experts:
-            raise ValueError(f"router logits of shape {tuple(router_logits.shape)}, expected [T, {layer.num_experts}]")
-        token_weights = call.token_weights
-        if token_weights is not None and token_weights.shape[0] != router_logits.shape[0]:
-            raise ValueError(
-                f"{token_weights.shape[0]} verify vote weights for {router_logits.shape[0]} router-logit rows"
-            )
 
     def rewrite(self, call: ActiveCall, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
         """Drop leftover picks of pruned experts and padding rows (in place); count the layer call."""

@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,20 @@ ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
 DEFAULT_LOG_INTERVAL = 200
 DEFAULT_TRACE_EVERY = 16
 DEFAULT_TRACE_MAX_MB = 512
-PLUGIN_FIELDS = ("log_interval", "trace_dir", "trace_every", "trace_max_mb", "test_fault_file")
+GUARDS = ("off", "auto")
+DEFAULT_GUARD_MARGIN = 0.05
+DEFAULT_GUARD_SECONDS = 30.0
+PLUGIN_FIELDS = (
+    "log_interval",
+    "trace_dir",
+    "trace_every",
+    "trace_max_mb",
+    "guard",
+    "guard_margin",
+    "guard_seconds",
+    "guard_trace",
+    "test_fault_file",
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,19 @@ class PluginSettings:
         Record one eligible forward in this many (>= 1).
     trace_max_mb : int
         Stop recording once the folder's trace files reach this many MiB (>= 1).
+    guard : {"off", "auto"}
+        ``auto``: at start-up, time the model's MoE layers unpruned and pruned for every real-token
+        bucket the server runs, and prune only the buckets where pruning is faster by
+        ``guard_margin`` (:mod:`xshare_sglang.break_even`).  ``off`` (default): prune every call the
+        config covers.
+    guard_margin : float
+        In [0, 1): the share of the unpruned time pruning must save in a bucket to stay on.
+    guard_seconds : float
+        The most start-up time the guard may spend (> 0); buckets it could not time enough stay off.
+    guard_trace : str or None
+        An ``xshare-trace`` file or folder whose recorded router logits the guard times with; None:
+        the calibration file's counts when the config names one, else the model's own routers on
+        hidden states drawn from its embeddings.
     echo : EchoSettings
         ECHO scheduling of EAGLE draft trees and its calibration log (off by default).
     test_fault_file : str or None
@@ -67,6 +94,10 @@ class PluginSettings:
     trace_dir: str | None = None
     trace_every: int = DEFAULT_TRACE_EVERY
     trace_max_mb: int = DEFAULT_TRACE_MAX_MB
+    guard: str = "off"
+    guard_margin: float = DEFAULT_GUARD_MARGIN
+    guard_seconds: float = DEFAULT_GUARD_SECONDS
+    guard_trace: str | None = None
     phase_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     echo: EchoSettings = field(default_factory=EchoSettings)
     test_fault_file: str | None = None
@@ -79,7 +110,8 @@ class PluginSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"{name}={value!r} is invalid: must be an integer >= 1")
-        for name in ("trace_dir", "test_fault_file"):
+        self._check_guard()
+        for name in ("trace_dir", "guard_trace", "test_fault_file"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(name, f"{name}={value!r} is invalid: must be a path")
@@ -120,6 +152,25 @@ class PluginSettings:
             except ConfigError as exc:
                 raise exc.within(phase, f"{phase} phase") from None
         object.__setattr__(self, "_phase_configs", configs)
+        if self.guard == "auto" and not self.enabled:
+            raise ConfigError("guard", "guard='auto' has nothing to time: no phase runs a policy other than none")
+
+    def _check_guard(self) -> None:
+        if self.guard not in GUARDS:
+            raise ConfigError("guard", f"guard={self.guard!r} is invalid: choose one of {', '.join(GUARDS)}")
+        for name, low, high in (("guard_margin", 0.0, 1.0), ("guard_seconds", 0.0, math.inf)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(name, f"{name}={value!r} is invalid: must be a finite number")
+            if not (low <= value < high if name == "guard_margin" else value > low):
+                allowed = "must lie in [0, 1)" if name == "guard_margin" else "must be > 0"
+                raise ConfigError(name, f"{name}={value!r} is invalid: {allowed}")
+            object.__setattr__(self, name, float(value))
+        if self.guard == "off":
+            defaults = (("guard_margin", DEFAULT_GUARD_MARGIN), ("guard_seconds", DEFAULT_GUARD_SECONDS))
+            for name, default in (*defaults, ("guard_trace", None)):
+                if getattr(self, name) != default:
+                    raise ConfigError(name, f"{name}= has no effect with guard='off': set guard='auto' too")
 
     def config_for(self, phase: str | None) -> PrunerConfig | None:
         """The config that applies in ``phase``; None when that phase is not pruned."""
@@ -158,6 +209,10 @@ class PluginSettings:
         for phase, cfg in self._phase_configs.items():
             if phase in self.phase_overrides:
                 text += f" | {phase}: {cfg.summary()}"
+        if self.guard != "off":
+            text += f" | guard={self.guard} margin={self.guard_margin:g} seconds={self.guard_seconds:g}"
+            if self.guard_trace is not None:
+                text += f" trace={self.guard_trace}"
         if self.test_fault_file is not None:
             text += f" | test_fault_file={self.test_fault_file} (selection fails while it exists)"
         if self.echo_active:
@@ -168,6 +223,10 @@ class PluginSettings:
         out = {**self.pruner.to_dict(), "log_interval": self.log_interval}
         if self.trace_dir is not None:
             out.update(trace_dir=self.trace_dir, trace_every=self.trace_every, trace_max_mb=self.trace_max_mb)
+        if self.guard != "off":
+            out.update(guard=self.guard, guard_margin=self.guard_margin, guard_seconds=self.guard_seconds)
+            if self.guard_trace is not None:
+                out["guard_trace"] = self.guard_trace
         if self.test_fault_file is not None:
             out["test_fault_file"] = self.test_fault_file
         out.update({phase: dict(delta) for phase, delta in self.phase_overrides.items()})
@@ -254,14 +313,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> PluginSetting
     ConfigError
         When the variable holds something invalid; the message names the variable.
     """
-    environ = os.environ if environ is None else environ
-    raw = environ.get(ENV_VAR, "").strip()
-    if not raw:
-        return None
-    try:
-        return _parse_settings(raw)
-    except ConfigError as exc:
-        raise ConfigError(exc.setting, f"{ENV_VAR}: {exc}", detail=exc.detail) from None
+    return _read_environment(_parse_settings, environ)
 
 
 def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
@@ -273,14 +325,17 @@ def environment_settings(environ: Mapping[str, str] | None = None) -> dict[str, 
     ConfigError
         The variable holds no JSON object; the message names the variable.
     """
-    environ = os.environ if environ is None else environ
-    raw = environ.get(ENV_VAR, "").strip()
+    return _read_environment(read_json_object, environ)
+
+
+def _read_environment(parse: Callable[[str], Any], environ: Mapping[str, str] | None) -> Any:
+    raw = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
     if not raw:
         return None
     try:
-        return read_json_object(raw)
+        return parse(raw)
     except ConfigError as exc:
-        raise ConfigError(exc.setting, f"{ENV_VAR}: {exc}", detail=exc.detail) from None
+        raise exc.named(ENV_VAR) from None
 
 
 @functools.lru_cache(maxsize=4)

@@ -14,7 +14,7 @@ import torch
 def vote_weights(
     depths: torch.Tensor, depth_decay: float | None, acceptable: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Per-row vote weights for ``select_keep_mask(..., token_weights=...)``.
+    """Per-row vote weights: a layer call's ``token_weights`` (:class:`~xshare_sglang.policies.RoutingCall`).
 
     Parameters
     ----------

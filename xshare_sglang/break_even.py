@@ -8,7 +8,8 @@ will run, and keeps pruning only in the buckets where the pruned layers are fast
 
 Medians make one slow outlier (a page fault, another process) unable to flip a clear decision; the
 strict inequality sends ties, and buckets with too few samples to judge, to "off": an operator who
-turns the guard on is promised never to be slower, not the most pruning.
+turns the guard on is promised never to be slower, not the most pruning.  Timing may stop early once
+every bucket is :func:`settled`: its median ratio clears the margin line by a cushion either way.
 
 While serving, a forward of ``n`` real tokens is judged by the smallest timed bucket of its phase
 that holds ``n`` tokens (the CUDA-graph bucket it is padded to), or by the largest bucket when ``n``
@@ -108,6 +109,23 @@ def decide(
             reason = f"pruned {ratio:.2f}x, not {1.0 / (1.0 - margin):.2f}x faster"
         decisions.append(BucketDecision(timing.phase, timing.num_tokens, unpruned, pruned, prune, reason))
     return tuple(decisions)
+
+
+#: A bucket is settled once its median ratio clears the margin line by this share either way.
+SETTLED_CUSHION = 0.1
+
+
+def settled(timing: BucketTiming, margin: float, *, min_samples: int = MIN_SAMPLES) -> bool:
+    """Whether more timings are not needed: the bucket is ruled out, or it has ``min_samples`` of each
+    kind and its pruned/unpruned median ratio lies more than :data:`SETTLED_CUSHION` away from the
+    margin line ``1 - margin`` (a decision that noise of that size could not flip)."""
+    if timing.note:
+        return True
+    if min(len(timing.unpruned_s), len(timing.pruned_s)) < min_samples:
+        return False
+    ratio = statistics.median(timing.pruned_s) / statistics.median(timing.unpruned_s)
+    line = 1.0 - margin
+    return ratio < line * (1.0 - SETTLED_CUSHION) or ratio > line * (1.0 + SETTLED_CUSHION)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..break_even import GuardTable
 from ..policies.rewrite import RETAINED_ONE
 from .runtime import PrunerRuntime
 
@@ -156,6 +157,47 @@ class MetricsReporter:
         if new_faults:
             self._gauges["fallbacks"].labels(**labelnames).inc(new_faults)
             self._reported_faults = self.runtime.faults
+
+    def export_guard(self, table: GuardTable) -> None:
+        """Publish the start-up guard's decisions: one gauge per (phase, bucket), and its start-up time."""
+        if not self.prometheus:
+            return
+        from prometheus_client import Gauge
+
+        names = [*self.labels, "phase", "tokens"]
+        gauges = {
+            "pruned": Gauge(
+                "moe_pruner:guard_pruned",
+                "1 where the start-up guard kept pruning for this bucket of real tokens, 0 where it turned it off.",
+                labelnames=names,
+                multiprocess_mode="mostrecent",
+            ),
+            "unpruned_s": Gauge(
+                "moe_pruner:guard_unpruned_seconds",
+                "Median start-up time of the timed MoE layers for this bucket, unpruned.",
+                labelnames=names,
+                multiprocess_mode="mostrecent",
+            ),
+            "pruned_s": Gauge(
+                "moe_pruner:guard_pruned_seconds",
+                "Median start-up time of the timed MoE layers for this bucket, pruned (selection included).",
+                labelnames=names,
+                multiprocess_mode="mostrecent",
+            ),
+        }
+        for decision in table.decisions:
+            labels = {**self.labels, "phase": decision.phase, "tokens": str(decision.num_tokens)}
+            gauges["pruned"].labels(**labels).set(1.0 if decision.prune else 0.0)
+            for key, value in (("unpruned_s", decision.unpruned_s), ("pruned_s", decision.pruned_s)):
+                if value is not None:
+                    gauges[key].labels(**labels).set(value)
+        startup = Gauge(
+            "moe_pruner:guard_startup_seconds",
+            "Seconds the start-up guard added to the server's start.",
+            labelnames=list(self.labels),
+            multiprocess_mode="mostrecent",
+        )
+        startup.labels(**self.labels).set(table.seconds)
 
     def _make_gauges(self) -> dict[str, Any]:
         # imported here: prometheus_client must be loaded after SGLang set PROMETHEUS_MULTIPROC_DIR

@@ -49,6 +49,7 @@ PLUGIN_FIELDS = (
     "guard_seconds",
     "guard_trace",
     "test_fault_file",
+    "test_guard_pruned",
 )
 
 
@@ -87,6 +88,9 @@ class PluginSettings:
     test_fault_file : str or None
         For tests only: while a file exists at this path, every expert selection raises, so that a
         live server's fallback to unpruned routing can be shown.  None (the default) checks nothing.
+    test_guard_pruned : tuple of (phase, tokens) or None
+        For tests only, with ``guard='auto'``: the guard still times every bucket, but then prunes
+        exactly these buckets and no other, so that a live server shows both kinds of bucket.
     """
 
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
@@ -101,6 +105,7 @@ class PluginSettings:
     phase_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     echo: EchoSettings = field(default_factory=EchoSettings)
     test_fault_file: str | None = None
+    test_guard_pruned: tuple[tuple[str, int], ...] | None = None
     _phase_configs: dict[str, PrunerConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -166,6 +171,17 @@ class PluginSettings:
                 allowed = "must lie in [0, 1)" if name == "guard_margin" else "must be > 0"
                 raise ConfigError(name, f"{name}={value!r} is invalid: {allowed}")
             object.__setattr__(self, name, float(value))
+        if self.test_guard_pruned is not None:
+            pairs = self.test_guard_pruned
+            ok = isinstance(pairs, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and p[0] in PHASES and type(p[1]) is int for p in pairs
+            )
+            if not ok or self.guard != "auto":
+                raise ConfigError(
+                    "test_guard_pruned",
+                    f"test_guard_pruned={pairs!r} is invalid: a list of [phase, tokens] pairs, with guard='auto'",
+                )
+            object.__setattr__(self, "test_guard_pruned", tuple((phase, tokens) for phase, tokens in pairs))
         if self.guard == "off":
             defaults = (("guard_margin", DEFAULT_GUARD_MARGIN), ("guard_seconds", DEFAULT_GUARD_SECONDS))
             for name, default in (*defaults, ("guard_trace", None)):
@@ -215,6 +231,8 @@ class PluginSettings:
                 text += f" trace={self.guard_trace}"
         if self.test_fault_file is not None:
             text += f" | test_fault_file={self.test_fault_file} (selection fails while it exists)"
+        if self.test_guard_pruned is not None:
+            text += f" | test_guard_pruned={list(self.test_guard_pruned)} (the guard's decisions are forced)"
         if self.echo_active:
             text += " | echo: " + ", ".join(f"{k}={v}" for k, v in self.echo.to_dict().items())
         return text
@@ -229,6 +247,8 @@ class PluginSettings:
                 out["guard_trace"] = self.guard_trace
         if self.test_fault_file is not None:
             out["test_fault_file"] = self.test_fault_file
+        if self.test_guard_pruned is not None:
+            out["test_guard_pruned"] = [list(pair) for pair in self.test_guard_pruned]
         out.update({phase: dict(delta) for phase, delta in self.phase_overrides.items()})
         if self.echo.to_dict():
             out["echo"] = self.echo.to_dict()

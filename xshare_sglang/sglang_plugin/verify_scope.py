@@ -60,10 +60,16 @@ def tree_acceptable(spec_info, num_requests: int, tokens_per_request: int) -> to
     return acceptable_nodes(next_token, next_sibling).reshape(-1)
 
 
+def _num_tokens(forward_batch) -> int | None:
+    """Rows of the forward (real ones eagerly; the padded bucket in a graph capture)."""
+    input_ids = getattr(forward_batch, "input_ids", None)
+    return None if input_ids is None else int(input_ids.shape[0])
+
+
 def eager_scope(runtime: PrunerRuntime, forward_batch) -> ForwardScope:
     """Scope of an eagerly run forward (vote weights are computed only if a layer call needs them)."""
     phase = phase_of(forward_batch.forward_mode)
-    cfg = runtime.config_for(phase)
+    cfg = runtime.config_for(phase, _num_tokens(forward_batch))
     if phase != "verify":
         return ForwardScope(phase=phase, cfg=cfg)
     spec_info = forward_batch.spec_info
@@ -86,7 +92,7 @@ def eager_scope(runtime: PrunerRuntime, forward_batch) -> ForwardScope:
 def graph_scope(runtime: PrunerRuntime, graph_runner, forward_batch) -> ForwardScope:
     """Scope of a decode/verify CUDA graph, published while it is warmed up and captured."""
     phase = phase_of(graph_runner.capture_forward_mode)
-    cfg = runtime.config_for(phase)
+    cfg = runtime.config_for(phase, _num_tokens(forward_batch))
     tokens_per_request = graph_runner.captured_req_width
     scope = ForwardScope(
         phase=phase, tokens_per_request=tokens_per_request, num_valid=runtime.num_valid_buffer, cfg=cfg

@@ -12,6 +12,7 @@ from . import (
     eplb_update,
     model_runner_forward_raw,
     model_runner_init,
+    model_runner_init_cuda_graphs,
     server_args_add_cli_args,
     server_args_from_cli_args,
     topk_post_process,
@@ -24,6 +25,7 @@ CLI_HOOKS = (server_args_add_cli_args, server_args_from_cli_args)
 #: Registered where the pruner is on: what routing and CUDA graphs need.
 ROUTING_HOOKS = (
     model_runner_init,
+    model_runner_init_cuda_graphs,
     model_runner_forward_raw,
     decode_graph_load_batch,
     topk_select_experts,

@@ -1,0 +1,127 @@
+"""The start-up guard's decision, a pure function of a timing table, on synthetic tables: clear
+gains kept, clear losses and ties turned off, noise that cannot flip a clear decision, buckets with
+too few timings left off, and the serving-time lookup of a forward's bucket."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from xshare_sglang.break_even import MIN_SAMPLES, BucketTiming, GuardTable, decide
+from xshare_sglang.config import PrunerConfig
+from xshare_sglang.sglang_plugin.guard import plan_buckets, powers_of_two
+
+pytestmark = pytest.mark.break_even
+
+
+def _timing(unpruned: float, pruned: float, *, n: int = 7, noise: float = 0.0, seed: int = 0, tokens: int = 8):
+    rng = random.Random(seed)
+    jitter = [rng.gauss(0.0, noise) for _ in range(2 * n)]
+    return BucketTiming(
+        "decode",
+        tokens,
+        tuple(max(1e-9, unpruned * (1 + j)) for j in jitter[:n]),
+        tuple(max(1e-9, pruned * (1 + j)) for j in jitter[n:]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("unpruned", "pruned", "margin", "prune"),
+    [
+        (1.0, 0.5, 0.05, True),  # twice as fast
+        (1.0, 0.96, 0.05, False),  # faster, but by less than the margin
+        (1.0, 0.94, 0.05, True),  # faster by more than the margin
+        (1.0, 1.0, 0.0, False),  # a tie falls to off, even with no margin
+        (1.0, 0.999, 0.0, True),  # any gain with no margin
+        (1.0, 1.5, 0.05, False),  # slower
+    ],
+)
+def test_decision_on_clean_tables(unpruned, pruned, margin, prune) -> None:
+    (decision,) = decide([_timing(unpruned, pruned)], margin)
+    assert decision.prune is prune
+    assert decision.unpruned_s == pytest.approx(unpruned) and decision.pruned_s == pytest.approx(pruned)
+    assert decision.speedup == pytest.approx(unpruned / pruned)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noise_does_not_flip_a_clear_decision(seed) -> None:
+    """10% Gaussian noise plus one wild outlier per variant: a 1.6x gain stays on, a 1.25x loss stays off."""
+    gain, loss = _timing(1.0, 0.625, noise=0.1, seed=seed), _timing(1.0, 1.25, noise=0.1, seed=seed + 100)
+    gain = BucketTiming("decode", 8, (*gain.unpruned_s[:-1], 0.01), (*gain.pruned_s[:-1], 50.0))
+    loss = BucketTiming("decode", 16, (*loss.unpruned_s[:-1], 50.0), (*loss.pruned_s[:-1], 0.01))
+    first, second = decide([gain, loss], 0.05)
+    assert first.prune and not second.prune
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_equal_distributions_fall_to_off(seed) -> None:
+    """Pruned and unpruned from one noisy distribution: with a 5% margin the bucket is never pruned."""
+    rng = random.Random(seed)
+    same = [1.0 + rng.gauss(0.0, 0.01) for _ in range(14)]
+    (decision,) = decide([BucketTiming("decode", 4, tuple(same[:7]), tuple(same[7:]))], 0.05)
+    assert not decision.prune
+
+
+def test_too_few_timings_and_failed_selection_stay_off() -> None:
+    short = BucketTiming("decode", 1, (1.0,) * (MIN_SAMPLES - 1), (0.1,) * (MIN_SAMPLES - 1))
+    failed = BucketTiming("decode", 2, (1.0,) * 5, (0.1,) * 5, note="the selection failed while it was timed")
+    untimed = BucketTiming("decode", 4)
+    decisions = decide([short, failed, untimed], 0.05)
+    assert [d.prune for d in decisions] == [False, False, False]
+    assert decisions[0].reason == f"{MIN_SAMPLES - 1} timings, {MIN_SAMPLES} needed"
+    assert decisions[1].reason == "the selection failed while it was timed"
+    assert decisions[2].unpruned_s is None and decisions[2].speedup is None
+
+
+@pytest.mark.parametrize("margin", [-0.1, 1.0, 2.0])
+def test_margin_outside_zero_one_is_refused(margin) -> None:
+    with pytest.raises(ValueError, match="margin"):
+        decide([_timing(1.0, 0.5)], margin)
+
+
+def test_forwards_are_judged_by_the_bucket_they_are_padded_to() -> None:
+    timings = [_timing(1.0, p, tokens=t) for t, p in [(1, 1.2), (2, 1.1), (4, 0.8), (8, 0.5)]]
+    verify = [BucketTiming("verify", 16, (1.0,) * 3, (2.0,) * 3)]
+    table = GuardTable(decide([*timings, *verify], 0.05))
+    assert [table.prunes("decode", n) for n in (1, 2, 3, 4, 5, 8, 9, 1000)] == [
+        False,
+        False,
+        True,  # 3 tokens run in the graph of 4
+        True,
+        True,
+        True,
+        True,  # beyond the largest bucket: the largest bucket's decision
+        True,
+    ]
+    assert not table.prunes("verify", 3) and not table.prunes("verify", 64)
+    assert table.guards("decode") and not table.guards("extend") and table.prunes("extend", 100)
+    with pytest.raises(ValueError, match="two decisions for one bucket"):
+        GuardTable(decide([_timing(1, 0.5, tokens=4), _timing(1, 0.5, tokens=4)], 0.05))
+
+
+def test_buckets_of_each_phase() -> None:
+    cfg = PrunerConfig(policy="xshare", k0=1)
+    configs = {"decode": cfg, "verify": cfg, "extend": cfg, "mixed": PrunerConfig()}
+    buckets = plan_buckets(configs, batch_sizes=[1, 2, 4, 3], draft_tokens=4, prefill_tokens=20)
+    assert [(b.phase, b.num_tokens, b.tokens_per_request) for b in buckets] == [
+        ("decode", 1, 1),
+        ("decode", 2, 1),
+        ("decode", 3, 1),
+        ("decode", 4, 1),
+        ("verify", 4, 4),
+        ("verify", 8, 4),
+        ("verify", 12, 4),
+        ("verify", 16, 4),
+        ("extend", 1, 1),
+        ("extend", 2, 1),
+        ("extend", 4, 1),
+        ("extend", 8, 1),
+        ("extend", 16, 1),
+        ("extend", 20, 1),
+    ]
+    assert [b.phase for b in plan_buckets(configs, batch_sizes=[1], draft_tokens=0, prefill_tokens=1)] == [
+        "decode",
+        "extend",
+    ]
+    assert powers_of_two(1) == [1] and powers_of_two(48) == [1, 2, 4, 8, 16, 32, 48]

@@ -29,12 +29,15 @@ SGLang's source file, see ``--sglang-root``) when it loads and passes its check,
 Writes ``moe_layer.csv``, ``moe_layer.json`` (rows plus device, versions, backend, bandwidth, git
 SHA) and ``moe_layer.md`` (the tables) to ``--out-dir``, after every model, and prints progress.
 ``--smoke`` runs every path on CPU on tiny shapes under ``TRITON_INTERPRET=1`` (checks, no timings).
+``--guard-repeats N`` times every case N times and writes ``guard_table.md`` / ``.json``: per case, the
+decision the start-up guard (``--moe-pruner-guard auto``) would take from those timings.
 docs/benchmarks.md says how the inputs are built and how to run this on a lent GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -53,11 +56,19 @@ from xshare_sglang.bench.moe_layer import (
     SglangFusedMoE,
     TraceRouting,
     add_layer_bench_arguments,
+    guard_markdown,
+    guard_rows,
     measure_bandwidth,
     policy_grid,
     resolve_backends,
     write_outputs,
 )
+from xshare_sglang.break_even import DEFAULT_MARGIN
+
+
+def write_guard(out_dir: Path, rows: list[dict], margin: float) -> None:
+    (out_dir / "guard_table.md").write_text(guard_markdown(rows, margin))
+    (out_dir / "guard_table.json").write_text(json.dumps({"margin": margin, "rows": rows}, indent=2))
 
 
 def main() -> int:
@@ -68,8 +79,18 @@ def main() -> int:
     parser.add_argument("--draft-tokens", type=int, default=4, help="D, tokens per request in verify batches")
     parser.add_argument("--policies", default="all", help="comma-separated policy names to keep, or all")
     parser.add_argument("--bandwidth-gib", type=float, default=2.0, help="buffer size of the copy-bandwidth test")
+    parser.add_argument(
+        "--guard-repeats",
+        type=int,
+        default=0,
+        help="time every case this many times and write the start-up guard's decision per case "
+        "(guard_table.md / .json); 0: off",
+    )
+    parser.add_argument("--guard-margin", type=float, default=DEFAULT_MARGIN, help="the guard's margin, in [0, 1)")
     add_layer_bench_arguments(parser, calls=8, case="(model, phase, T)")
     args = parser.parse_args()
+    if args.guard_repeats < 0 or not 0.0 <= args.guard_margin < 1.0:
+        parser.error("--guard-repeats must be >= 0 and --guard-margin in [0, 1)")
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     if args.smoke and not cuda:
@@ -149,6 +170,7 @@ def main() -> int:
     ) * len(args.tokens)
     print(f"plan: {planned} rows over models {args.models}, phases {args.phases}, T {args.tokens}", flush=True)
     rows: list[dict] = []
+    guard: list[dict] = []
     deadline = t0 + 60 * args.max_minutes
     for name in args.models.split(","):
         try:
@@ -166,7 +188,11 @@ def main() -> int:
                     print(f"[{name}] {phase} T={tokens}: skipped, past --max-minutes", flush=True)
                     continue
                 started = time.monotonic()
-                rows += bench.run(phase, tokens, source, bandwidth)
+                runs = [bench.run(phase, tokens, source, bandwidth) for _ in range(max(1, args.guard_repeats))]
+                rows += runs[0]
+                if args.guard_repeats:
+                    guard += guard_rows(runs, args.guard_margin)
+                    write_guard(out_dir, guard, args.guard_margin)
                 print(
                     f"[{name}] {phase} T={tokens} done in {time.monotonic() - started:.1f} s "
                     f"({time.monotonic() - t0:.0f} s so far)",

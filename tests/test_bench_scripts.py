@@ -102,6 +102,7 @@ def test_bench_moe_layer_smoke(tmp_path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     # T=7 only keeps this under 30 s (the script's own --smoke default adds T=1)
     command = [sys.executable, str(ROOT / "scripts" / "bench_moe_layer.py"), "--smoke", "--tokens", "7"]
+    command += ["--guard-repeats", "2"]  # the guard table's path, twice the work: too few timings to prune
     result = subprocess.run(
         [*command, "--out-dir", str(tmp_path)],
         capture_output=True,
@@ -130,3 +131,34 @@ def test_bench_moe_layer_smoke(tmp_path) -> None:
     assert all(r["backend"] == expected for r in rows)
     assert (tmp_path / "moe_layer.csv").read_text().startswith("model,phase,T,D,policy,settings,backend")
     assert "| phase | T | policy |" in (tmp_path / "moe_layer.md").read_text()
+    guard = json.loads((tmp_path / "guard_table.json").read_text())
+    keys = sorted((r["model"], r["phase"], r["T"], r["settings"]) for r in rows)
+    assert sorted((g["model"], g["phase"], g["T"], g["settings"]) for g in guard["rows"]) == keys
+    assert all(g["samples"] == 2 and not g["prune"] and g["reason"] == "2 timings, 3 needed" for g in guard["rows"])
+    assert (
+        "| model | phase | T | policy | settings | unpruned | pruned | runs | guard |"
+        in (tmp_path / "guard_table.md").read_text()
+    )
+
+
+def test_guard_rows_decide_from_repeated_runs() -> None:
+    from xshare_sglang.bench.moe_layer import guard_rows
+
+    def row(base, repeat, pruned, tokens=8):
+        return {
+            "model": "m",
+            "phase": "decode",
+            "T": tokens,
+            "policy": "xshare",
+            "settings": "k0=1",
+            "baseline_us": base,
+            "baseline_repeat_us": repeat,
+            "pruned_us": pruned,
+        }
+
+    runs = [[row(10.0, 10.2, 6.0), row(5.0, 5.0, 5.1, tokens=1)] for _ in range(2)]
+    runs.append([row(9.8, 10.1, 30.0), row(5.0, 5.1, 4.9, tokens=1)])  # one slow pruned outlier
+    decode_8, decode_1 = guard_rows(runs, 0.05)
+    assert (decode_8["T"], decode_8["prune"], decode_8["samples"]) == (8, True, 3)
+    assert decode_8["baseline_us"] == 10.05 and decode_8["pruned_us"] == 6.0  # medians of 6 and of 3 samples
+    assert (decode_1["T"], decode_1["prune"]) == (1, False)

@@ -95,7 +95,7 @@ def test_forwards_are_judged_by_the_bucket_they_are_padded_to() -> None:
         True,
     ]
     assert not table.prunes("verify", 3) and not table.prunes("verify", 64)
-    assert table.guards("decode") and not table.guards("extend") and table.prunes("extend", 100)
+    assert table.guards("decode") and not table.guards("extend") and not table.prunes("extend", 100)
     with pytest.raises(ValueError, match="two decisions for one bucket"):
         GuardTable(decide([_timing(1, 0.5, tokens=4), _timing(1, 0.5, tokens=4)], 0.05))
 
@@ -125,3 +125,104 @@ def test_buckets_of_each_phase() -> None:
         "extend",
     ]
     assert powers_of_two(1) == [1] and powers_of_two(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+# ---------------------------------------------------------------------- the timing loop, with a fake clock
+class _FakeRuntime:
+    """What time_buckets reads of the plugin's runtime: scopes, the fault count, the metrics."""
+
+    def __init__(self, failing_tokens: int | None = None) -> None:
+        import torch
+
+        self.scope = None
+        self.faults = 0
+        self.metrics = torch.ones(2, 4, dtype=torch.int64)
+        self.failing_tokens = failing_tokens
+        self.device = torch.device("cpu")
+
+    def enter(self, scope):
+        previous, self.scope = self.scope, scope
+        return previous
+
+    def leave(self, previous) -> None:
+        self.scope = previous
+
+
+class _FakeLayer:
+    """A timed layer whose 'top-k' notes the scope it ran under (and fails where told to)."""
+
+    def __init__(self, runtime: _FakeRuntime, calls: list) -> None:
+        import torch
+
+        self.runtime, self.calls = runtime, calls
+        self.router_logits = torch.zeros(64, 4)
+
+    def topk(self, states, logits):
+        scope = self.runtime.scope
+        pruned = scope.cfg is not None
+        self.runtime.last = (scope.phase, logits.shape[0], pruned)
+        self.calls.append(self.runtime.last)
+        if pruned and logits.shape[0] == self.runtime.failing_tokens:
+            self.runtime.faults += 1
+        return None
+
+    def experts(self, states, output) -> None:
+        return None
+
+
+class _FakeClock:
+    """Seconds by (tokens, pruned): pruning halves the time above 8 tokens and doubles it below."""
+
+    def __init__(self, runtime: _FakeRuntime) -> None:
+        self.runtime = runtime
+        self.timed = 0
+
+    def time(self, work) -> float:
+        work()
+        self.timed += 1
+        _, tokens, pruned = self.runtime.last
+        base = 1e-3 * tokens
+        return base * (0.5 if tokens > 8 else 2.0) if pruned else base
+
+
+def _time(budget_s: float = 60.0, failing_tokens: int | None = None):
+    import torch
+
+    from xshare_sglang.sglang_plugin import guard
+
+    runtime = _FakeRuntime(failing_tokens)
+    calls: list = []
+    layer = _FakeLayer(runtime, calls)
+    cfg = PrunerConfig(policy="xshare", k0=1)
+    buckets = plan_buckets({"decode": cfg}, batch_sizes=[1, 4, 16, 64], draft_tokens=0, prefill_tokens=1)
+    clock = _FakeClock(runtime)
+    timings = guard.time_buckets(
+        runtime, [layer], torch.zeros(64, 4), buckets, budget_s=budget_s, margin=0.05, clock=clock
+    )
+    return timings, calls, runtime, clock
+
+
+def test_timing_rounds_alternate_variants_and_stop_once_settled() -> None:
+    timings, calls, runtime, clock = _time()
+    # warm-up (untimed) of every bucket and variant, then three rounds settle every clear bucket
+    assert [len(t.unpruned_s) for t in timings] == [MIN_SAMPLES] * 4
+    assert clock.timed == 2 * 4 * MIN_SAMPLES
+    assert calls[:2] == [("decode", 1, False), ("decode", 1, True)]
+    rounds = calls[8:]
+    assert rounds[0][2] is False and rounds[1][2] is True  # bucket 1, round 0: unpruned first
+    assert rounds[2][2] is True and rounds[3][2] is False  # bucket 4, round 0: pruned first
+    assert [d.prune for d in decide(timings, 0.05)] == [False, False, True, True]
+    assert int(runtime.metrics.sum()) == 0  # the timed calls are not reported as served traffic
+
+
+def test_a_failing_selection_rules_its_bucket_out() -> None:
+    timings, *_ = _time(failing_tokens=16)
+    decisions = decide(timings, 0.05)
+    assert [d.prune for d in decisions] == [False, False, False, True]
+    assert decisions[2].reason == "the selection failed while it was timed"
+
+
+def test_a_spent_budget_leaves_buckets_untimed_and_off() -> None:
+    timings, calls, _, clock = _time(budget_s=0.0)
+    assert clock.timed == 0 and len(calls) == 0
+    assert not any(d.prune for d in decide(timings, 0.05))

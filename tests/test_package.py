@@ -50,6 +50,7 @@ def test_serving_doc_documents_every_flag() -> None:
         ECHO_FLAGS,
         FIELD_FLAGS,
         FLAG_PREFIX,
+        GUARD_FLAGS,
         LOG_INTERVAL_FLAG,
         TRACE_FLAGS,
         VERIFY_FLAG,
@@ -59,6 +60,7 @@ def test_serving_doc_documents_every_flag() -> None:
     readme = (root / "docs" / "serving.md").read_text()
     assert "docs/serving.md" in (root / "README.md").read_text()
     flags = [FLAG_PREFIX, CONFIG_FLAG, LOG_INTERVAL_FLAG, VERIFY_FLAG, *TRACE_FLAGS.values(), *ECHO_FLAGS.values()]
+    flags += GUARD_FLAGS.values()
     for flag in [*flags, *(spec.flag for spec in FIELD_FLAGS)]:
         assert f"`{flag} " in readme or f"`{flag}`" in readme or f"{flag} " in readme, flag
 

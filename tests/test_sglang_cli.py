@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from xshare_sglang.sglang_plugin import hooks
-from xshare_sglang.sglang_plugin.flags import ECHO_FLAGS, FIELD_FLAGS, TRACE_FLAGS
+from xshare_sglang.sglang_plugin.flags import ECHO_FLAGS, FIELD_FLAGS, GUARD_FLAGS, TRACE_FLAGS
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
 
 pytestmark = pytest.mark.sglang
@@ -92,6 +92,7 @@ def test_launch_server_help_lists_every_flag() -> None:
         "--moe-pruner-log-interval",
         "--moe-pruner-verify",
         *TRACE_FLAGS.values(),
+        *GUARD_FLAGS.values(),
         *ECHO_FLAGS.values(),
         *(s.flag for s in FIELD_FLAGS),
     ]
@@ -128,6 +129,11 @@ def test_parsing_errors_name_the_flag() -> None:
         ],
         "scope": ["--moe-pruner-scope", "tree"],
         "depth_decay": ["--moe-pruner", "xshare", "--moe-pruner-depth-decay", "0"],
+        "guard": ["--moe-pruner", "xshare", "--moe-pruner-guard", "always"],
+        "guard_margin": ["--moe-pruner", "xshare", "--moe-pruner-guard", "auto", "--moe-pruner-guard-margin", "1"],
+        "guard_seconds": ["--moe-pruner", "xshare", "--moe-pruner-guard", "auto", "--moe-pruner-guard-seconds", "0"],
+        "guard_alone": ["--moe-pruner-guard", "auto"],
+        "guard_margin_off": ["--moe-pruner", "xshare", "--moe-pruner-guard-margin", "0.1"],
     }
     report = parse_in_fresh_process(cases)
     expected = {
@@ -143,6 +149,11 @@ def test_parsing_errors_name_the_flag() -> None:
         "verify_override": "--moe-pruner-config: verify phase: PrunerConfig.max_experts=None is invalid",
         "scope": "argument --moe-pruner-scope: invalid choice: 'tree'",
         "depth_decay": "--moe-pruner-depth-decay: PrunerConfig.depth_decay=0.0 is invalid",
+        "guard": "argument --moe-pruner-guard: invalid choice: 'always'",
+        "guard_margin": "--moe-pruner-guard-margin: guard_margin=1.0 is invalid: must lie in [0, 1)",
+        "guard_seconds": "argument --moe-pruner-guard-seconds: must be > 0",
+        "guard_alone": "--moe-pruner-guard: guard='auto' has nothing to time",
+        "guard_margin_off": "--moe-pruner-guard-margin: guard_margin= has no effect with guard='off'",
     }
     assert_refused(report, expected)
 

@@ -234,7 +234,7 @@ def test_cut_nodes_cast_no_expert_vote(tmp_path, monkeypatch) -> None:
 
     calib = EchoCalibration(num_steps=2, topk=2, num_draft_tokens=D, gates={1: 0.5})
     calib.save(tmp_path / "c.json")
-    runtime = SimpleNamespace(config_for=lambda phase: PrunerConfig(policy="xshare-spec"))
+    runtime = SimpleNamespace(config_for=lambda phase, num_tokens=None: PrunerConfig(policy="xshare-spec"))
     batch = _verify_batch(3, cut_request=1)
     set_echo_runtime(None)
     assert eager_scope(runtime, batch).weights_source is None

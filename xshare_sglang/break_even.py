@@ -13,7 +13,7 @@ every bucket is :func:`settled`: its median ratio clears the margin line by a cu
 
 While serving, a forward of ``n`` real tokens is judged by the smallest timed bucket of its phase
 that holds ``n`` tokens (the CUDA-graph bucket it is padded to), or by the largest bucket when ``n``
-exceeds them all.
+exceeds them all.  A phase the guard did not time is not pruned.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 #: Fewest timings of each kind a bucket needs before it may be pruned.
 MIN_SAMPLES = 3
+#: The share of the unpruned time pruning must save, unless the operator sets another.
+DEFAULT_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -158,13 +160,13 @@ class GuardTable:
             self._buckets[phase] = (tokens, [row.prune for row in rows])
 
     def guards(self, phase: str | None) -> bool:
-        """Whether the guard decided this phase (a phase it did not time follows the config)."""
+        """Whether the guard timed this phase (a phase it did not time is never pruned)."""
         return phase in self._buckets
 
     def prunes(self, phase: str | None, num_tokens: int) -> bool:
         """Whether a forward of ``num_tokens`` real (or padded) tokens in ``phase`` is pruned."""
         if phase not in self._buckets:
-            return True
+            return False
         tokens, prune = self._buckets[phase]
         index = bisect.bisect_left(tokens, num_tokens)
         return prune[min(index, len(tokens) - 1)]

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .. import PrunerConfig, route_within
+from ..break_even import BucketTiming, decide
 from ..kernels import SelectionWorkspace, prune_route
 from ..policies.api import select
 from ..policies.call import RouterSpec, RoutingCall
@@ -84,6 +85,15 @@ MODELS = {
         2880,
         2880,
         note="GPT-OSS-120B: 128 experts, top-4, hidden 2880, expert 2880; bf16 stand-in for its MXFP4 weights, "
+        "plain SwiGLU without its biases and clamp",
+    ),
+    "gpt-oss-20b": Shape(
+        "gpt-oss-20b",
+        32,
+        4,
+        2880,
+        2880,
+        note="GPT-OSS-20B: 32 experts, top-4, hidden 2880, expert 2880; bf16 stand-in for its MXFP4 weights, "
         "plain SwiGLU without its biases and clamp",
     ),
     "deepseek-v3-ep8": Shape(
@@ -741,6 +751,60 @@ def write_outputs(out_dir: Path, rows: list[dict], meta: dict) -> None:
         write_csv(out_dir / "moe_layer.csv", rows)
         (out_dir / "moe_layer.md").write_text(md_tables(rows, meta))
     (out_dir / "moe_layer.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+
+def guard_rows(runs: list[list[dict]], margin: float) -> list[dict]:
+    """The start-up guard's decision for every (model, phase, T, settings) measured in repeated runs.
+
+    Each run gives one baseline sample (``baseline_us``, and ``baseline_repeat_us`` when timed again
+    after the policies) and one pruned sample (``pruned_us``) per row; :func:`xshare_sglang.break_even.decide`
+    turns them into the decision a server would take for that bucket.
+    """
+    samples: dict[tuple, tuple[list[float], list[float]]] = {}
+    for rows in runs:
+        for row in rows:
+            key = (row["model"], row["phase"], row["T"], row["policy"], row["settings"])
+            base, pruned = samples.setdefault(key, ([], []))
+            base.append(row["baseline_us"])
+            if row.get("baseline_repeat_us") not in (None, row["baseline_us"]):
+                base.append(row["baseline_repeat_us"])
+            pruned.append(row["pruned_us"])
+    keys = list(samples)
+    timings = [BucketTiming(key[1], key[2], tuple(samples[key][0]), tuple(samples[key][1])) for key in keys]
+    out = []
+    for key, decision in zip(keys, decide(timings, margin), strict=True):
+        model, phase, tokens, policy, settings = key
+        out.append(
+            {
+                "model": model,
+                "phase": phase,
+                "T": tokens,
+                "policy": policy,
+                "settings": settings,
+                "baseline_us": _round(decision.unpruned_s, 2),
+                "pruned_us": _round(decision.pruned_s, 2),
+                "samples": len(samples[key][1]),
+                "prune": decision.prune,
+                "reason": decision.reason,
+            }
+        )
+    return out
+
+
+def guard_markdown(rows: list[dict], margin: float) -> str:
+    lines = [
+        f"Start-up guard decisions (margin {margin:g}): medians of repeated CUDA-graph timings, in µs",
+        "",
+        "| model | phase | T | policy | settings | unpruned | pruned | runs | guard |",
+        "|---|---|---:|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        state = "**on**" if r["prune"] else "off"
+        lines.append(
+            f"| {r['model']} | {r['phase']} | {r['T']} | {r['policy']} | {r['settings']} | {r['baseline_us']} | "
+            f"{r['pruned_us']} | {r['samples']} | {state} ({r['reason']}) |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -38,6 +38,7 @@ import torch
 
 from ..break_even import BucketTiming, GuardTable, decide, settled
 from ..config import PrunerConfig
+from .forward_phases import decode_graphs_on, speculative
 from .model_layers import PrunerSetupError, find_moe_layers
 from .runtime import ForwardScope, PrunerRuntime
 
@@ -110,17 +111,18 @@ def plan_buckets(
 
 
 def server_buckets(runner, phase_configs: dict[str, PrunerConfig]) -> list[Bucket]:
-    """:func:`plan_buckets` for the server ``runner`` belongs to, as SGLang resolved its settings."""
+    """:func:`plan_buckets` for the server ``runner`` belongs to, as SGLang resolved its settings.
+
+    A speculative server's target model verifies and never decodes: its decode phase is not timed.
+    """
     from sglang.srt.runtime_context import get_spec
 
     server_args = runner.server_args
-    graphs = not (
-        getattr(server_args, "disable_cuda_graph", False)
-        or getattr(server_args, "device", "cuda") == "cpu"
-        or getattr(server_args, "cuda_graph_backend_decode", None) == "disabled"
-    )
-    draft_tokens = int(get_spec().speculative_num_draft_tokens or 0) if _speculative(server_args) else 0
-    if graphs:
+    draft_tokens = 0
+    if speculative(server_args):
+        draft_tokens = int(get_spec().speculative_num_draft_tokens or 0)
+        phase_configs = {phase: cfg for phase, cfg in phase_configs.items() if phase != "decode"}
+    if decode_graphs_on(server_args):
         from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
 
         batch_sizes, _ = get_batch_sizes_to_capture(runner, max(1, runner.decode_num_tokens_per_req()))
@@ -132,15 +134,7 @@ def server_buckets(runner, phase_configs: dict[str, PrunerConfig]) -> list[Bucke
     )
 
 
-def _speculative(server_args) -> bool:
-    return getattr(server_args, "speculative_algorithm", None) not in (None, "", "NONE")
-
-
 # ---------------------------------------------------------------------------------------- inputs
-def _parents(model: torch.nn.Module) -> dict[int, tuple[str, torch.nn.Module]]:
-    return {id(module): (name, module) for name, module in model.named_modules()}
-
-
 def _module_named(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
     try:
         return model.get_submodule(name)
@@ -148,25 +142,28 @@ def _module_named(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
         return None
 
 
-def _hidden_states(model: torch.nn.Module, num_tokens: int, hidden_size: int, dtype, device) -> torch.Tensor:
-    """Hidden states drawn from the model's embedding table (random token ids), RMS-normalised."""
-    embed = None
+def _embedding(model: torch.nn.Module) -> torch.nn.Module | None:
     getter = getattr(model, "get_input_embeddings", None)
     if callable(getter):
         try:
-            embed = getter()
+            return getter()
         except (AttributeError, NotImplementedError):
-            embed = None
-    if embed is None:
-        embed = _module_named(model, "model.embed_tokens")
+            pass
+    return _module_named(model, "model.embed_tokens")
+
+
+@torch.no_grad()
+def _hidden_states(model: torch.nn.Module, num_tokens: int, hidden_size: int, device) -> torch.Tensor:
+    """Float32 hidden states [num_tokens, H]: rows of the model's embedding table for random token ids
+    (random normal rows when the table is not found)."""
+    embed = _embedding(model)
     gen = torch.Generator(device="cpu").manual_seed(SEED)
-    if embed is not None and getattr(embed, "weight", None) is not None and embed.weight.shape[-1] == hidden_size:
-        vocab = int(getattr(embed, "org_vocab_size", None) or embed.weight.shape[0])
+    weight = getattr(embed, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.shape[-1] == hidden_size:
+        vocab = int(getattr(embed, "org_vocab_size", None) or weight.shape[0])
         ids = torch.randint(0, vocab, (num_tokens,), generator=gen).to(device)
-        states = embed(ids).to(torch.float32)
-    else:
-        states = torch.randn(num_tokens, hidden_size, generator=gen).to(device)
-    return states
+        return embed(ids).to(torch.float32)
+    return torch.randn(num_tokens, hidden_size, generator=gen).to(device)
 
 
 def _rms_normalised(states: torch.Tensor, decoder_layer: torch.nn.Module | None) -> torch.Tensor:
@@ -180,11 +177,14 @@ def _rms_normalised(states: torch.Tensor, decoder_layer: torch.nn.Module | None)
 
 
 def _gumbel_logits(counts: Sequence[float], num_tokens: int, device, gen: torch.Generator) -> torch.Tensor:
-    """Logits whose top-k is a draw without replacement with probability proportional to ``counts``."""
+    """Float32 logits [num_tokens, E] whose top-k is a draw without replacement with probability
+    proportional to ``counts`` (Gumbel top-k); an expert calibration never saw keeps a small chance
+    (a thousandth of the mean count)."""
     weights = torch.tensor(counts, dtype=torch.float64)
-    probs = (weights + 1e-3 * weights.sum().clamp(min=1.0) / len(counts)) / weights.sum().clamp(min=1.0)
+    weights = weights + 1e-3 * weights.mean().clamp(min=1.0)
     uniform = torch.rand(num_tokens, len(counts), generator=gen, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
-    return (probs.log()[None, :] - torch.log(-torch.log(uniform))).to(torch.float32).to(device)
+    gumbel = -torch.log(-torch.log(uniform))
+    return (weights.log()[None, :] + gumbel).to(torch.float32).to(device)
 
 
 def _trace_logits(trace, row: int, num_experts: int, num_tokens: int, device, gen) -> torch.Tensor | None:
@@ -218,8 +218,8 @@ def timed_layers(
         dtype = next((p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)), torch.float32)
     device = runtime.device
     hidden_size = int(getattr(first, "hidden_size", 0) or 0) or _embedding_width(model)
-    states = _hidden_states(model, num_tokens, hidden_size, dtype, device)
-    parents = _parents(model)
+    states = _hidden_states(model, num_tokens, hidden_size, device)
+    names = {id(module): name for name, module in model.named_modules()}
     gen = torch.Generator(device="cpu").manual_seed(SEED + 1)
     trace = None
     if trace_path is not None:
@@ -234,7 +234,7 @@ def timed_layers(
     out = []
     hidden = None
     for row, (topk, num_experts, experts) in chosen:
-        name = parents.get(id(topk), ("", None))[0]
+        name = names.get(id(topk), "")
         block = _module_named(model, name.rsplit(".", 1)[0]) if "." in name else None
         decoder = _module_named(model, name.rsplit(".", 2)[0]) if name.count(".") >= 2 else None
         layer_hidden = _rms_normalised(states, decoder).to(dtype)
@@ -447,6 +447,9 @@ def run_guard(runtime: PrunerRuntime, runner) -> GuardTable:
         )
     table = GuardTable(decisions, seconds=time.perf_counter() - began, source=source)
     _log(table, layers, timings)
+    untimed = sorted(phase for phase in configs if not table.guards(phase))
+    if untimed:
+        logger.info("moe-pruner guard: phases %s are not run by this server's target model: never pruned", untimed)
     return table
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..break_even import DEFAULT_MARGIN
 from ..config import DEFAULT_PHASES, PHASES, PrunerConfig
 from ..errors import ConfigError
 from ..spec.echo.settings import EchoSettings
@@ -37,7 +38,7 @@ DEFAULT_LOG_INTERVAL = 200
 DEFAULT_TRACE_EVERY = 16
 DEFAULT_TRACE_MAX_MB = 512
 GUARDS = ("off", "auto")
-DEFAULT_GUARD_MARGIN = 0.05
+DEFAULT_GUARD_MARGIN = DEFAULT_MARGIN
 DEFAULT_GUARD_SECONDS = 30.0
 PLUGIN_FIELDS = (
     "log_interval",

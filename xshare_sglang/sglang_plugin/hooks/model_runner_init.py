@@ -20,7 +20,7 @@ import logging
 import torch
 
 from .. import liveness
-from ..forward_phases import phase_of
+from ..forward_phases import decode_graphs_on, phase_of
 from ..metrics import MetricsReporter
 from ..model_checks import untied_lm_head_problem
 from ..model_layers import PrunerSetupError, build_runtime
@@ -179,19 +179,12 @@ def _trace_recorder(settings, runtime, runner):
         settings.trace_dir,
         settings.trace_max_mb,
     )
-    if server_args is not None and _decode_graphs_on(server_args):
+    if server_args is not None and decode_graphs_on(server_args):
         logger.warning(
             "moe-pruner: CUDA graphs are on, so decode forwards replayed from a graph are not recorded; "
             "add --disable-cuda-graph to a recording run"
         )
     return recorder
-
-
-def _decode_graphs_on(server_args) -> bool:
-    """Whether decode forwards may replay from CUDA graphs (then they run no Python hook)."""
-    if getattr(server_args, "disable_cuda_graph", False) or getattr(server_args, "device", "cuda") == "cpu":
-        return False
-    return getattr(server_args, "cuda_graph_backend_decode", None) != "disabled"
 
 
 def _server_args():

@@ -156,6 +156,7 @@ class _FakeLayer:
 
         self.runtime, self.calls = runtime, calls
         self.router_logits = torch.zeros(64, 4)
+        self.hidden = torch.zeros(64, 4)
 
     def topk(self, states, logits):
         scope = self.runtime.scope
@@ -186,7 +187,6 @@ class _FakeClock:
 
 
 def _time(budget_s: float = 60.0, failing_tokens: int | None = None):
-    import torch
 
     from xshare_sglang.sglang_plugin import guard
 
@@ -196,9 +196,7 @@ def _time(budget_s: float = 60.0, failing_tokens: int | None = None):
     cfg = PrunerConfig(policy="xshare", k0=1)
     buckets = plan_buckets({"decode": cfg}, batch_sizes=[1, 4, 16, 64], draft_tokens=0, prefill_tokens=1)
     clock = _FakeClock(runtime)
-    timings = guard.time_buckets(
-        runtime, [layer], torch.zeros(64, 4), buckets, budget_s=budget_s, margin=0.05, clock=clock
-    )
+    timings = guard.time_buckets(runtime, [layer], buckets, budget_s=budget_s, margin=0.05, clock=clock)
     return timings, calls, runtime, clock
 
 

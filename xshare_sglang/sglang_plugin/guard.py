@@ -13,8 +13,9 @@ that decision.  Nothing is timed again while serving.
 Router logits that reproduce the model's routing come from, in this order: ``--moe-pruner-guard-trace``
 (recorded router logits of the same layers); the calibration file the config names (Gumbel top-k
 draws from each layer's expert counts: experts are picked as often as calibration saw them); else
-the layer's own router applied to hidden states drawn from the model's embedding table, RMS-normalised
-as the layer's input is.  The log says which.
+the layer's own router on its input.  Inputs follow a residual stream from rows of the embedding
+table through the model's own MoE layers (attention skipped, see :func:`timed_layers`).  The log
+says which.
 
 Timing: wall clock on CPU, CUDA events on a GPU (eager launches: the selection's launch overhead
 counts against pruning, so the decision errs towards "off").  Rounds go over every bucket, both
@@ -68,6 +69,7 @@ class TimedLayer:
     topk: Any
     experts: Any
     router_logits: torch.Tensor  # [max tokens, E], the model's dtype
+    hidden: torch.Tensor  # [max tokens, H], the layer's input, the model's dtype
 
 
 # ---------------------------------------------------------------------------------------- buckets
@@ -203,22 +205,32 @@ def timed_layers(
     *,
     trace_path: str | None,
     calibration_counts: Sequence[Sequence[float]] | None,
-) -> tuple[list[TimedLayer], torch.Tensor, str]:
-    """Up to :data:`MAX_TIMED_LAYERS` evenly spaced MoE layers, their router logits for ``num_tokens``
-    rows, the hidden states [num_tokens, H], and where the logits came from."""
+) -> tuple[list[TimedLayer], str]:
+    """Up to :data:`MAX_TIMED_LAYERS` evenly spaced MoE layers, each with ``num_tokens`` rows of its
+    input and router logits, and where the logits came from.
+
+    The inputs follow a residual stream: rows of the embedding table for random token ids, to which
+    each MoE layer in turn adds its own (unpruned) output; a layer reads the stream RMS-normalised
+    (times its post-attention norm's weight, where it has one); a layer without a router module
+    adds nothing.  Attention is skipped: the stream
+    is a stand-in for real hidden states that routes about as diversely (a layer's router on raw
+    embedding rows picks far fewer distinct experts than it does on real traffic, which would make
+    pruning look useless).  Without a trace or a calibration file, the router logits are the
+    layer's own router on that input.
+    """
     layers = find_moe_layers(model)
     if not layers:
         raise PrunerSetupError("moe-pruner guard: the model has no MoE layers to time")
     step = max(1, math.ceil(len(layers) / MAX_TIMED_LAYERS))
-    chosen = [(row, layer) for row, layer in enumerate(layers)][::step][:MAX_TIMED_LAYERS]
-    first = chosen[0][1].experts
+    timed_rows = set(range(0, len(layers), step)[:MAX_TIMED_LAYERS])
+    first = layers[0].experts
     parameter = next(first.parameters(), None)
     dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         dtype = next((p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)), torch.float32)
     device = runtime.device
     hidden_size = int(getattr(first, "hidden_size", 0) or 0) or _embedding_width(model)
-    states = _hidden_states(model, num_tokens, hidden_size, device)
+    stream = _hidden_states(model, num_tokens, hidden_size, device)
     names = {id(module): name for name, module in model.named_modules()}
     gen = torch.Generator(device="cpu").manual_seed(SEED + 1)
     trace = None
@@ -230,42 +242,70 @@ def timed_layers(
     elif calibration_counts is not None:
         source = "draws from the calibration file's expert counts"
     else:
-        source = "the model's routers on hidden states drawn from its embeddings"
+        source = "the model's routers on a residual stream of its own MoE layers from embedding rows"
     out = []
-    hidden = None
-    for row, (topk, num_experts, experts) in chosen:
-        name = names.get(id(topk), "")
-        block = _module_named(model, name.rsplit(".", 1)[0]) if "." in name else None
-        decoder = _module_named(model, name.rsplit(".", 2)[0]) if name.count(".") >= 2 else None
-        layer_hidden = _rms_normalised(states, decoder).to(dtype)
-        hidden = layer_hidden if hidden is None else hidden
-        logits = None
-        if trace is not None:
-            logits = _trace_logits(trace, row, num_experts, num_tokens, device, gen)
-            if logits is None:
-                raise PrunerSetupError(
-                    f"moe-pruner guard: {trace_path} holds no router logits of MoE layer {topk.layer_id} "
-                    f"(row {row}); record the trace on this model with --moe-pruner-trace-dir"
-                )
-        elif calibration_counts is not None:
-            logits = _gumbel_logits(calibration_counts[topk.layer_id], num_tokens, device, gen)
-        else:
-            gate = getattr(block, "gate", None)
-            if gate is None:
-                raise PrunerSetupError(
-                    f"moe-pruner guard: no router (a 'gate' module) found next to MoE layer {topk.layer_id}; "
-                    "give the guard recorded router logits with --moe-pruner-guard-trace"
-                )
-            with torch.no_grad():
-                result = gate(layer_hidden)
-            logits = result[0] if isinstance(result, tuple) else result
-        if logits.shape != (num_tokens, num_experts):
-            raise PrunerSetupError(
-                f"moe-pruner guard: router logits of shape {tuple(logits.shape)} for MoE layer {topk.layer_id}, "
-                f"expected ({num_tokens}, {num_experts})"
-            )
-        out.append(TimedLayer(topk.layer_id, topk, experts, logits.to(dtype).contiguous()))
-    return out, hidden, source
+    previous = runtime.enter(None)  # the stream runs unpruned
+    try:
+        for row, (topk, num_experts, experts) in enumerate(layers):
+            if row > max(timed_rows):
+                break
+            name = names.get(id(topk), "")
+            block = _module_named(model, name.rsplit(".", 1)[0]) if "." in name else None
+            decoder = _module_named(model, name.rsplit(".", 2)[0]) if name.count(".") >= 2 else None
+            layer_input = _rms_normalised(stream, decoder).to(dtype)
+            own_logits = _router_logits(block, layer_input)
+            if row in timed_rows:
+                logits = own_logits
+                if trace is not None:
+                    logits = _trace_logits(trace, row, num_experts, num_tokens, device, gen)
+                    if logits is None:
+                        raise PrunerSetupError(
+                            f"moe-pruner guard: {trace_path} holds no router logits of MoE layer {topk.layer_id} "
+                            f"(row {row}); record the trace on this model with --moe-pruner-trace-dir"
+                        )
+                elif calibration_counts is not None:
+                    logits = _gumbel_logits(calibration_counts[topk.layer_id], num_tokens, device, gen)
+                elif logits is None:
+                    raise PrunerSetupError(
+                        f"moe-pruner guard: no router (a 'gate' module) found next to MoE layer {topk.layer_id}; "
+                        "give the guard recorded router logits with --moe-pruner-guard-trace"
+                    )
+                if logits.shape != (num_tokens, num_experts):
+                    raise PrunerSetupError(
+                        f"moe-pruner guard: router logits of shape {tuple(logits.shape)} for MoE layer "
+                        f"{topk.layer_id}, expected ({num_tokens}, {num_experts})"
+                    )
+                out.append(TimedLayer(topk.layer_id, topk, experts, logits.to(dtype).contiguous(), layer_input))
+            if own_logits is not None and row < max(timed_rows):
+                with torch.no_grad():
+                    update = experts(layer_input, topk(layer_input, own_logits))
+                stream = stream + _all_ranks(update, experts).to(torch.float32)
+    finally:
+        runtime.leave(previous)
+    return out, source
+
+
+def _router_logits(block: torch.nn.Module | None, layer_input: torch.Tensor) -> torch.Tensor | None:
+    """The layer's own router logits on ``layer_input``; None when no ``gate`` module is next to it."""
+    gate = getattr(block, "gate", None)
+    if gate is None:
+        return None
+    with torch.no_grad():
+        result = gate(layer_input)
+    return result[0] if isinstance(result, tuple) else result
+
+
+def _all_ranks(update: torch.Tensor, experts: torch.nn.Module) -> torch.Tensor:
+    """The MoE output summed over tensor-parallel ranks where the layer leaves that to its caller."""
+    if getattr(experts, "reduce_results", True):
+        return update
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+    except ImportError:
+        return update
+    if get_tensor_model_parallel_world_size() <= 1:
+        return update
+    return tensor_model_parallel_all_reduce(update)
 
 
 def _embedding_width(model: torch.nn.Module) -> int:
@@ -296,7 +336,7 @@ class _Clock:
         return time.perf_counter() - began
 
 
-def _pass(runtime: PrunerRuntime, layers: list[TimedLayer], hidden: torch.Tensor, bucket: Bucket, pruned: bool):
+def _pass(runtime: PrunerRuntime, layers: list[TimedLayer], bucket: Bucket, pruned: bool):
     """One pass over the timed layers for ``bucket``, pruned or not."""
     scope = ForwardScope(
         phase=bucket.phase, tokens_per_request=bucket.tokens_per_request, cfg=bucket.cfg if pruned else None
@@ -306,8 +346,8 @@ def _pass(runtime: PrunerRuntime, layers: list[TimedLayer], hidden: torch.Tensor
         previous = runtime.enter(scope)
         try:
             with torch.no_grad():
-                states = hidden[: bucket.num_tokens]
                 for layer in layers:
+                    states = layer.hidden[: bucket.num_tokens]
                     output = layer.topk(states, layer.router_logits[: bucket.num_tokens])
                     layer.experts(states, output)
         finally:
@@ -351,7 +391,6 @@ class _Ranks:
 def time_buckets(
     runtime: PrunerRuntime,
     layers: list[TimedLayer],
-    hidden: torch.Tensor,
     buckets: list[Bucket],
     *,
     budget_s: float,
@@ -381,7 +420,7 @@ def time_buckets(
 
     def run(i: int, prune: bool, timed: bool) -> None:
         faults = runtime.faults
-        work = _pass(runtime, layers, hidden, buckets[i], prune)
+        work = _pass(runtime, layers, buckets[i], prune)
         if timed:
             (pruned if prune else unpruned)[i].append(clock.time(work))
         else:
@@ -422,7 +461,7 @@ def run_guard(runtime: PrunerRuntime, runner) -> GuardTable:
     ranking = next((cfg.static_ranking for cfg in configs.values() if cfg.static_ranking is not None), None)
     if ranking is not None:
         counts = ranking.counts
-    layers, hidden, source = timed_layers(
+    layers, source = timed_layers(
         runtime,
         runner.model,
         max(bucket.num_tokens for bucket in buckets),
@@ -431,7 +470,7 @@ def run_guard(runtime: PrunerRuntime, runner) -> GuardTable:
     )
     ranks = _Ranks()
     timings = time_buckets(
-        runtime, layers, hidden, buckets, budget_s=settings.guard_seconds, margin=settings.guard_margin, ranks=ranks
+        runtime, layers, buckets, budget_s=settings.guard_seconds, margin=settings.guard_margin, ranks=ranks
     )
     decisions = decide(timings, settings.guard_margin)
     agreed = ranks.all_agree([decision.prune for decision in decisions])

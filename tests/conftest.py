@@ -47,3 +47,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in reasons.items():
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# The live-server modules' reference: Hugging Face's Qwen3-MoE running the shipped tiny model, and
+# the prompts they send (modules with fixtures of these names of their own keep them).
+@pytest.fixture(scope="module")
+def reference():
+    """The tiny model in transformers (float32) and its tokenizer."""
+    from xshare_sglang.tiny.tiny_model import load_tiny_model
+
+    return load_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def prompts(reference) -> list[list[int]]:
+    """Three held-out openings (code, math, prose) as token ids, 24 tokens each."""
+    from xshare_sglang.tiny.tiny_demo import heldout_texts
+    from xshare_sglang.tiny.tiny_model import tiny_model_dir
+
+    _, tokenizer = reference
+    texts = [heldout_texts(tiny_model_dir(), domain)[0] for domain in ("code", "math", "prose")]
+    return [tokenizer(text)["input_ids"][:24] for text in texts]

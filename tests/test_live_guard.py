@@ -26,7 +26,7 @@ from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.break_even import BucketDecision, GuardTable
 from xshare_sglang.replay.trace import load_trace
 from xshare_sglang.tiny.tiny_demo import heldout_texts
-from xshare_sglang.tiny.tiny_model import load_tiny_model, tiny_model_dir
+from xshare_sglang.tiny.tiny_model import tiny_model_dir
 
 pytestmark = [pytest.mark.live_server, pytest.mark.break_even]
 
@@ -68,18 +68,6 @@ def logged_table(server: LiveServer) -> GuardTable:
             for row in rows
         )
     )
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return load_tiny_model()
-
-
-@pytest.fixture(scope="module")
-def prompts(reference) -> list[list[int]]:
-    _, tokenizer = reference
-    texts = [heldout_texts(tiny_model_dir(), domain)[0] for domain in ("code", "math", "prose")]
-    return [tokenizer(text)["input_ids"][:24] for text in texts]
 
 
 def check_table_log_and_gauges(server: LiveServer) -> GuardTable:

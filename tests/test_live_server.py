@@ -27,7 +27,7 @@ from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.policies.rewrite import rewrite_routing
 from xshare_sglang.replay.trace import load_trace
 from xshare_sglang.tiny.tiny_demo import heldout_texts
-from xshare_sglang.tiny.tiny_model import RouterHook, load_tiny_model, tiny_model_dir
+from xshare_sglang.tiny.tiny_model import RouterHook, tiny_model_dir
 
 pytestmark = pytest.mark.live_server
 
@@ -53,20 +53,6 @@ def pruner_flags(fields: dict) -> list[str]:
     if fields["policy"] != "none":
         flags += ["--moe-pruner-log-interval", "1"]
     return flags
-
-
-@pytest.fixture(scope="module")
-def reference():
-    """The tiny model in transformers (float32) and its tokenizer."""
-    return load_tiny_model()
-
-
-@pytest.fixture(scope="module")
-def prompts(reference) -> list[list[int]]:
-    """Three held-out openings (code, math, prose) as token ids, 24 tokens each."""
-    _, tokenizer = reference
-    texts = [heldout_texts(tiny_model_dir(), domain)[0] for domain in ("code", "math", "prose")]
-    return [tokenizer(text)["input_ids"][:24] for text in texts]
 
 
 @torch.no_grad()

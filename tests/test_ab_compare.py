@@ -1,5 +1,5 @@
 """The A/B orchestrator end to end against the test STAND-IN server (tests/standin_server.py, not
-SGLang): it launches the stand-in per arm in alternating order, runs SGLang's REAL benchmark client and
+SGLang): it launches the stand-in per arm, the arms' order rotated each repetition, runs SGLang's REAL benchmark client and
 few-shot GSM8K client against it, records, summarizes and plots; arms whose server does not prove the
 plugin active, or crashes during the benchmark, are dropped while the others' results are kept.  The
 summary is recomputed here from the clients' own raw output files."""
@@ -25,6 +25,7 @@ from tests.standin_server import (
     STANDIN_PRUNED_ACCEPT_LENGTH,
     expected_gsm8k_accuracy,
 )
+from xshare_sglang.provenance import package_commit
 from xshare_sglang.serving.ab.ab_cli import EXIT_ARM_FAILED, main
 from xshare_sglang.serving.ab.ab_report import read_runs
 from xshare_sglang.serving.ab.ab_server import LaunchedServer, proof_policies, wait_healthy
@@ -76,7 +77,7 @@ def ab_run(tmp_path_factory):
     return {"out": out, "code": code, "rows": read_runs(out), "wall_s": time.monotonic() - started}
 
 
-def test_exit_status_and_alternating_order(ab_run):
+def test_exit_status_and_rotated_order(ab_run):
     assert ab_run["code"] == EXIT_ARM_FAILED
     sessions = [(r["session"], r["repeat"], r["arm"]) for r in ab_run["rows"] if r["record"] == "session"]
     order = list(dict.fromkeys(sessions))
@@ -85,14 +86,14 @@ def test_exit_status_and_alternating_order(ab_run):
         (1, 1, "xshare"),
         (2, 1, "noproof"),
         (3, 1, "crash"),
-        (4, 2, "base"),
-        (5, 2, "xshare"),
-        (6, 2, "noproof"),
-        (7, 2, "crash"),
+        (4, 2, "xshare"),
+        (5, 2, "noproof"),
+        (6, 2, "crash"),
+        (7, 2, "base"),
     ]
     # every launched server was stopped, and no stand-in outlives the run
     stopped = [r for r in ab_run["rows"] if r["record"] == "session" and r["status"] == "stopped"]
-    assert sorted(r["session"] for r in stopped) == [0, 1, 2, 3, 4, 5]
+    assert sorted(r["session"] for r in stopped) == [0, 1, 2, 3, 4, 7]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(ab_run["out"]) not in ps
 
@@ -134,7 +135,7 @@ def test_records_hold_what_the_clients_and_server_reported(ab_run):
             assert row["pruner_metrics"] is None
         assert row["server_argv"][row["server_argv"].index("--port") + 1] in row["url"]
         assert row["versions"]["sglang"] == "0.5.23" and row["model_path"] == TINY
-        assert row["git_sha"] is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", row["git_sha"])
+        assert row["git_sha"] == package_commit()
     accuracy = {(r["arm"], r["repeat"]): r["metrics"]["accuracy"] for r in ok if r["record"] == "accuracy"}
     assert accuracy == {
         ("base", 1): expected_gsm8k_accuracy(QUESTIONS, 5),

@@ -133,17 +133,25 @@ def test_cli_errors_exit_2_with_the_flag(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- plan
-def test_plan_alternates_arms_and_runs_every_dataset_and_concurrency(tmp_path):
-    s = settings(tmp_path, arms=(candidate_arm("xshare"), candidate_arm(MOE_SPEC)))
+def test_plan_rotates_arms_and_runs_every_dataset_and_concurrency(tmp_path):
+    s = settings(tmp_path, arms=(candidate_arm("xshare"), candidate_arm(MOE_SPEC)), repeats=4)
     sessions = build_plan(s)
     assert [(x.repeat, x.arm.name) for x in sessions] == [
         (1, "baseline"),
         (1, "xshare"),
         (1, "moe-spec-maxexperts48"),
-        (2, "baseline"),
         (2, "xshare"),
         (2, "moe-spec-maxexperts48"),
+        (2, "baseline"),
+        (3, "moe-spec-maxexperts48"),
+        (3, "baseline"),
+        (3, "xshare"),
+        (4, "baseline"),
+        (4, "xshare"),
+        (4, "moe-spec-maxexperts48"),
     ]
+    assert [x.index for x in sessions] == list(range(12))
+    assert all(f"{x.index:03d}-r{x.repeat}-{x.arm.name}" == x.server_log.stem for x in sessions)
     for session in sessions:
         serving = [r for r in session.runs if r.kind == "serving"]
         assert [(r.dataset, r.concurrency) for r in serving] == [
@@ -198,7 +206,7 @@ def test_dry_run_prints_every_command_and_runs_nothing(tmp_path, capsys):
         shlex.split(line.removesuffix(" &").split(" > ")[0]) for line in lines if "sglang.launch_server" in line
     ]
     assert len(launches) == 4
-    assert ["--moe-pruner-config" in argv for argv in launches] == [False, True, False, True]
+    assert ["--moe-pruner-config" in argv for argv in launches] == [False, True, True, False]  # rotated
     assert all(argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3" for argv in launches)
     benches = [line for line in lines if "sglang.benchmark.serving" in line]
     assert len(benches) == 4 * 2

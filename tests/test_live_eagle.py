@@ -146,3 +146,100 @@ class TestEagle3PrunedVerify:
         assert all(0 < value <= NUM_EXPERTS for value in kept.values())
         assert min(kept.values()) < NUM_EXPERTS, f"{name}: verify kept every expert: {kept}"
         assert server.alive()
+
+
+# The start-up guard on a speculative server: the target model verifies and never decodes, so the guard
+# times verify buckets (request counts x D rows) only.  Decisions are forced (verify at 8 and 16 rows,
+# i.e. 2 to 4 requests, pruned; 4 rows, one request, not) so that both kinds show in every run.
+GUARD_MAX_REQUESTS = 4
+GUARD_FORCED_ON = [8, 16]
+
+
+@pytest.fixture(scope="class")
+def guarded_eagle_server(draft_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle-guard")
+    flags = [
+        *COMMON,
+        *eagle_flags(draft_dir),
+        *PRUNED_VERIFY["xshare-spec"],
+        "--max-running-requests",
+        str(GUARD_MAX_REQUESTS),
+        "--moe-pruner-guard",
+        "auto",
+        "--moe-pruner-guard-seconds",
+        "10",
+        "--moe-pruner-config",
+        json.dumps({"test_guard_pruned": [["verify", n] for n in GUARD_FORCED_ON]}),
+        "--moe-pruner-trace-dir",
+        str(folder / "traces"),
+        "--moe-pruner-trace-every",
+        "1",
+    ]
+    server = LiveServer(flags, folder / "server.log").start()
+    yield server, flags, folder / "traces"
+    server.stop()
+
+
+@pytest.mark.break_even
+class TestEagle3Guard:
+    def test_only_verify_buckets_are_timed_logged_and_exported(self, guarded_eagle_server) -> None:
+        from tests.test_live_guard import logged_table
+
+        server, _, _ = guarded_eagle_server
+        table = logged_table(server)
+        draft_tokens = 4
+        assert [(d.phase, d.num_tokens) for d in table.decisions] == [
+            ("verify", n * draft_tokens) for n in (1, 2, 4)
+        ], server.log()[-3000:]
+        assert all(d.unpruned_s is not None and d.pruned_s is not None for d in table.decisions)
+        assert [d.num_tokens for d in table.decisions if d.prune] == GUARD_FORCED_ON
+        assert "phases ['decode'] are not run by this server's target model: never pruned" in server.log()
+        gauges = server.metrics()["moe_pruner:guard_pruned"]
+        assert {labels: value for labels, value in gauges.items()} == {
+            (("phase", "verify"), ("tokens", str(d.num_tokens)), ("tp_rank", "0")): float(d.prune)
+            for d in table.decisions
+        }
+
+    def test_one_request_at_a_time_is_verified_unpruned(self, plain_tokens, guarded_eagle_server) -> None:
+        """One request verifies 4 rows, a bucket the guard turned off: exactly the plain server's tokens."""
+        server, _, _ = guarded_eagle_server
+        answers = generate_all(server)
+        assert [answer["output_ids"] for answer in answers] == plain_tokens
+        assert all(answer["meta_info"]["spec_verify_ct"] > 0 for answer in answers)
+
+    def test_each_verify_call_follows_its_bucket(self, guarded_eagle_server) -> None:
+        import shlex
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        import torch
+
+        from tests.test_live_guard import logged_table
+        from xshare_sglang import select_experts_mask
+        from xshare_sglang.replay.trace import load_trace
+        from xshare_sglang.sglang_plugin.flags import typed_settings_of_command
+
+        server, flags, traces = guarded_eagle_server
+        texts = [f"{prompt} {suffix}" for prompt in PROMPTS for suffix in ("", "and then", "Answer:", "1 2 3")]
+        for _ in range(2):
+            with ThreadPoolExecutor(GUARD_MAX_REQUESTS) as pool:
+                answers = list(pool.map(lambda text: server.generate(text, NEW_TOKENS), texts))
+            assert all(answer["meta_info"]["completion_tokens"] == NEW_TOKENS for answer in answers)
+        time.sleep(3)  # the recorder's writer flushes what it holds after 2 s without a forward
+        calls = [c for path in sorted(traces.glob("trace-*.pt")) for c in load_trace(path).calls if c.phase == "verify"]
+        assert calls, "no verify forward was recorded"
+        assert all(c.num_rows % 4 == 0 for c in calls)
+        table = logged_table(server)
+        verify_cfg = typed_settings_of_command(shlex.join(flags)).build().config_for("verify")
+        assert verify_cfg.policy == "xshare-spec"
+        for call in calls:
+            if table.prunes("verify", call.num_rows):
+                assert call.keep is not None, f"step {call.step}: {call.num_rows} rows, bucket on, not pruned"
+                want = select_experts_mask(call.logits.float(), verify_cfg, top_k=4, tokens_per_request=4)
+                assert torch.equal(call.keep, want), f"step {call.step} layer {call.layer}"
+            else:
+                assert call.keep is None, f"step {call.step}: {call.num_rows} rows, bucket off, pruned"
+        rows = {call.num_rows for call in calls}
+        assert {n for n in rows if table.prunes("verify", n)} and {n for n in rows if not table.prunes("verify", n)}, (
+            f"the traffic reached only one kind of bucket: rows {sorted(rows)}"
+        )

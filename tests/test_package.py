@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import xshare_sglang
+from xshare_sglang import provenance
 
 
 def test_import_loads_neither_sglang_nor_triton() -> None:
@@ -112,3 +116,17 @@ def test_readme_is_short_and_cites_no_design_notes() -> None:
         assert "DESIGN" not in doc.read_text(), doc
     for link in re.findall(r"\]\((docs/[^)#]+)\)", readme):
         assert (root / link).is_file(), link
+
+
+def test_package_commit_is_the_checkouts_head_from_any_directory(tmp_path, monkeypatch) -> None:
+    """Benchmark and A/B records name the commit that produced them, wherever the tool runs from."""
+    root = Path(provenance.__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("the package is not installed from a git checkout")
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    monkeypatch.chdir(tmp_path)
+    commit = provenance.package_commit()
+    assert commit is not None and commit.removesuffix("-dirty") == head.stdout.strip()
+    from xshare_sglang.bench.common import git_sha
+
+    assert git_sha() == commit

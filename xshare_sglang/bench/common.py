@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import csv
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+
+from ..provenance import package_commit
 
 
 def time_graph(fn, calls: int, replays: int) -> float:
@@ -57,11 +58,8 @@ def sync() -> None:
 
 
 def git_sha() -> str:
-    """``git rev-parse HEAD`` of the working directory, or ``"unknown"``."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """This package's commit (see :func:`xshare_sglang.provenance.package_commit`), or ``"unknown"``."""
+    return package_commit() or "unknown"
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

@@ -2,7 +2,7 @@
 
 Examples
 --------
-Launch each arm in turn on this node (two repetitions, alternating arms)::
+Launch each arm in turn on this node (two repetitions, the arms' order rotated by one each time)::
 
     xshare-ab-compare --model-path Qwen/Qwen3-30B-A3B --server-args "--tp 1 --moe-runner-backend triton" \\
         --candidate xshare --candidate moe-spec --concurrency 1 8 32 --dataset random-ids mt-bench
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xshare-ab-compare",
         description="A/B serving comparison: SGLang's benchmark client and few-shot GSM8K against the unpruned "
-        "server and each pruner configuration, repeated in alternating order, with a Markdown report and plots.",
+        "server and each pruner configuration, repeated with the order rotated, with a Markdown report and plots.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     what = parser.add_argument_group("what to compare")
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     load = parser.add_argument_group("workload")
     load.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], metavar="N", help="max concurrency")
     load.add_argument("--dataset", nargs="+", default=["random-ids"], choices=DATASETS, help="serving workloads")
-    load.add_argument("--repeats", type=int, default=2, help="repetitions of every arm (alternating order)")
+    load.add_argument("--repeats", type=int, default=2, help="repetitions of every arm (the order rotates each time)")
     load.add_argument(
         "--num-prompts", type=int, default=None, help="prompts per run (default: max(32, 8 x concurrency))"
     )

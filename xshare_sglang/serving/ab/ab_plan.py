@@ -178,10 +178,17 @@ def accuracy_argv(settings: AbSettings, base_url: str) -> tuple[str, ...]:
 
 
 def build_plan(settings: AbSettings) -> list[Session]:
-    """Every session of the run, in execution order."""
+    """Every session of the run, in execution order.
+
+    Repetition r runs the arms rotated by r - 1 places (A B C, then B C A, then C A B), so that over
+    a full rotation every arm runs once in every position: a machine that drifts over a run, or a
+    session that runs slower after another, does not favour whichever arm always came first.
+    """
     sessions = []
+    arms = list(settings.arms)
     for repeat in range(1, settings.repeats + 1):
-        for arm in settings.arms:
+        shift = (repeat - 1) % len(arms)
+        for arm in arms[shift:] + arms[:shift]:
             index = len(sessions)
             session_dir = settings.output_dir / "runs" / f"{index:03d}-r{repeat}-{arm.name}"
             base_url = arm.url.rstrip("/") if arm.url is not None else settings.base_url

@@ -268,7 +268,7 @@ def render_markdown(summary: Summary) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in summary.versions.items() if v)
     lines.append(
         f"Arms: {', '.join(summary.arms)} (baseline: {summary.baseline or 'none'}); repetitions: {summary.repeats}, "
-        "run in alternating order."
+        "the order of the arms rotated by one each repetition."
     )
     lines.append(
         f"Client: {versions or 'versions unknown'}; server SGLang {summary.server_version or 'unknown'}; "

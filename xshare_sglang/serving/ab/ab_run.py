@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ...provenance import package_commit
 from ..datasets import CUSTOM_DATASETS, write_custom_dataset
 from .ab_config import AbSettings
 from .ab_plan import PROOF_PREFIX, ClientRun, Session, build_plan, dataset_file
@@ -75,35 +76,6 @@ def client_versions() -> dict[str, str | None]:
     return out
 
 
-def git_sha() -> str | None:
-    """Commit of this package: its git checkout's HEAD (``-dirty`` with uncommitted changes), or the commit
-    pip recorded when installing from VCS."""
-    source = Path(__file__).resolve().parents[2]
-    if (source / ".git").exists():
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-            )
-            if done.returncode == 0:
-                dirty = subprocess.run(
-                    ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                ).stdout.strip()
-                return done.stdout.strip() + ("-dirty" if dirty else "")
-        except (OSError, subprocess.SubprocessError):
-            pass
-    try:
-        direct = metadata.distribution("xshare-sglang").read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return None
-    if direct:
-        commit = json.loads(direct).get("vcs_info", {}).get("commit_id")
-        return commit if isinstance(commit, str) else None
-    return None
-
-
 def parse_serving_output(path: Path) -> dict[str, Any]:
     """The numbers of the last row SGLang's benchmark client appended to ``--output-file``."""
     if not path.is_file():
@@ -143,7 +115,7 @@ class AbRunner:
         self.sessions = build_plan(settings)
         self.runs_path = settings.output_dir / RUNS_FILE
         self.dropped: dict[str, str] = {}
-        self._common = {"versions": client_versions(), "git_sha": git_sha(), "model_path": settings.model_path}
+        self._common = {"versions": client_versions(), "git_sha": package_commit(), "model_path": settings.model_path}
 
     # ---------------------------------------------------------------- records
     def _record(self, session: Session, record: str, **fields: Any) -> dict[str, Any]:

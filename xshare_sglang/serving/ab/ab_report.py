@@ -1,7 +1,7 @@
 """Summarize an A/B run from its raw records: paired speed-ups per concurrency and accuracy deltas.
 
 Comparisons are *paired by repetition*: in repetition r, a candidate's throughput is divided by the
-baseline's throughput of the same repetition (the two ran back to back), and the report gives the
+baseline's throughput of the same repetition (the two ran within one round of the arms), and the report gives the
 median of those ratios with their range over repetitions.  A repetition where either side failed adds
 no pair.  Accuracy deltas are paired the same way, in points of GSM8K accuracy.
 
@@ -276,7 +276,7 @@ def render_markdown(summary: Summary) -> str:
     )
     lines.append("")
     lines.append(
-        "Δ = median over repetitions of (candidate / baseline − 1), each repetition's pair run back to back; "
+        "Δ = median over repetitions of (candidate / baseline − 1), each pair from one repetition; "
         "[low, high] = range over repetitions, n = pairs. Throughput = output tokens/s of SGLang's benchmark "
         "client; TPOT = its median time per output token (negative Δ is faster)."
     )

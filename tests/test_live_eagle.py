@@ -10,6 +10,8 @@ these CPU test servers).  One server runs at a time.
   tokens exactly, and the server must report an acceptance length.
 * Pruned verify (``xshare-spec``, per-request ``moe-spec``): the pruner proves itself, requests
   complete with the asked-for token counts, and ``/metrics`` carries its ``kept_experts`` gauges.
+* The start-up guard on a speculative server: only verify buckets are timed; a bucket turned off
+  verifies exactly like the unpruned server, a bucket kept applies exactly the verify policy's mask.
 """
 
 from __future__ import annotations

@@ -404,3 +404,82 @@ def test_one_layer_call_launches_at_most_two_kernels(policy, monkeypatch) -> Non
         assert 1 <= len(launches) <= 2, (num_tokens, launches)
         if num_tokens <= 32:
             assert len(launches) == 1, (num_tokens, launches)
+
+
+# ------------------------------------------------------------------ tickets, workspaces, devices
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("entry", ["prune_route", "select_keep_mask"])
+@pytest.mark.parametrize("policy", ["xshare", "moe-spec", "lynx"])
+def test_knocked_tickets_never_reach_the_next_call(entry, policy) -> None:
+    """A multi-program call after the workspace's tickets and expert marks were knocked out of step (as
+    an aborted launch, or a second stream on the same workspace, would leave them) still gives the
+    reference's mask, routing and metrics: every multi-program launch starts its counters at 0."""
+    num_tokens, num_experts = 64, 128
+    assert not plan_launch(num_tokens, num_experts, 1, False).single
+    cfg = PrunerConfig(policy=policy, k0=1, budget=8, max_experts=16 if policy == "moe-spec" else None)
+    workspace = SelectionWorkspace(num_experts, DEVICE)
+    first = make_logits(num_tokens, num_experts, "normal", seed=1)
+    second = make_logits(num_tokens, num_experts, "normal", seed=2)
+    prune_route(routing_call(first, 8, device=DEVICE), cfg, workspace=workspace)  # leaves a keep mask behind
+    for knock in ([3, 5], [1, 0], [-7, 99], [2**30, 1]):
+        workspace.tickets.copy_(torch.tensor(knock, dtype=torch.int32))
+        workspace.used.fill_(1)
+        call = routing_call(second, 8, device=DEVICE, num_valid_tokens=60, as_tensor=True)
+        want_metrics = torch.zeros(4, dtype=torch.int64)
+        want = prune_route_reference(routing_call(second, 8, num_valid_tokens=60), cfg, metrics_row=want_metrics)
+        if entry == "select_keep_mask":
+            keep = select_keep_mask(call, cfg, workspace=workspace)
+            assert keep.cpu().tolist() == want.keep.tolist(), knock
+            continue
+        metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+        got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics)
+        assert got.keep.cpu().tolist() == want.keep.tolist(), knock
+        assert torch.equal(got.topk_ids.cpu(), want.topk_ids), knock
+        assert metrics.cpu().tolist() == want_metrics.tolist(), knock
+
+
+def test_workspaces_are_kept_per_stream(monkeypatch) -> None:
+    """The shared workspace and the runtime's are chosen by (device, E, stream): calls issued on two
+    streams never share tickets or partials; calls on one stream share one workspace."""
+    import xshare_sglang.devices as devices
+    from xshare_sglang.kernels import prune_route as _unused  # noqa: F401
+    from xshare_sglang.sglang_plugin.runtime import PrunerRuntime
+
+    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    current = {"stream": 11}
+    monkeypatch.setattr(devices, "stream_key", lambda device: current["stream"])
+    monkeypatch.setattr(wrapper, "stream_key", lambda device: current["stream"])
+    a = wrapper.default_workspace(60, "cpu")
+    assert wrapper.default_workspace(60, torch.device("cpu")) is a
+    current["stream"] = 12
+    b = wrapper.default_workspace(60, "cpu")
+    assert b is not a and b.tickets.data_ptr() != a.tickets.data_ptr()
+    runtime = PrunerRuntime(settings=None, device=torch.device("cpu"), layers={}, num_valid_buffer=None, metrics=None)
+    logits = torch.zeros(3, 60)
+    on_12 = runtime._workspace(logits)
+    current["stream"] = 11
+    assert runtime._workspace(logits) is not on_12
+    assert runtime._workspace(logits) is runtime._workspace(logits)
+
+
+@pytest.mark.parametrize("spelling", ["cuda", "cuda:0", torch.device("cuda"), torch.device("cuda", 0), 0])
+def test_cuda_without_an_index_is_the_current_device(spelling, monkeypatch) -> None:
+    """ "cuda", "cuda:0", torch.device("cuda") and 0 name one device, for comparisons, cache keys and
+    workspaces (a workspace made for "cuda" used to refuse the logits of cuda:0).  No GPU needed: the
+    current device is patched, and the workspace's buffers are made on the meta device."""
+    from xshare_sglang.devices import canonical_device, same_device
+
+    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(wrapper, "stream_key", lambda device: 0)
+    assert canonical_device(spelling) == torch.device("cuda", 0)
+    assert same_device(spelling, "cuda:0") and not same_device(spelling, "cuda:1")
+    assert canonical_device("cuda:1") == torch.device("cuda", 1)
+    assert canonical_device("cpu:0") == canonical_device("cpu") == torch.device("cpu")
+    assert wrapper.workspace_key(60, spelling) == wrapper.workspace_key(60, torch.device("cuda", 0))
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *shape, **kw: real_zeros(*shape, **{**kw, "device": "meta"}))
+    workspace = SelectionWorkspace(60, spelling)
+    assert workspace.device == torch.device("cuda", 0)  # what a tensor on cuda:0 reports

@@ -196,3 +196,43 @@ def test_verify_votes_replay_in_a_cuda_graph(cfg) -> None:
         assert torch.equal(ids.cpu(), want.topk_ids)
         torch.testing.assert_close(topk_weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE)
         assert (ids[real_bs * d :] == -1).all()
+
+
+@pytest.mark.parametrize("spelling", ["cuda", "cuda:0", torch.device("cuda")])
+def test_every_spelling_of_the_device_serves_cuda0_tensors(spelling) -> None:
+    """A workspace made for "cuda", "cuda:0" or torch.device("cuda") serves logits on cuda:0 (the first
+    GPU run failed every benchmark row on this)."""
+    logits = make_logits(40, 128, "normal", seed=3).cuda()
+    cfg = PrunerConfig(policy="xshare", k0=1, budget=8)
+    got = prune_route(routing_call(logits, 8), cfg, workspace=SelectionWorkspace(128, spelling))
+    want = prune_route_reference(routing_call(logits.cpu(), 8), cfg)
+    assert torch.equal(got.keep.cpu(), want.keep) and torch.equal(got.topk_ids.cpu(), want.topk_ids)
+
+
+def test_two_streams_get_two_workspaces() -> None:
+    """Calls issued on two streams at once use two workspaces, so neither can take the other's tickets;
+    both give the reference's answer."""
+    from xshare_sglang.kernels.prune_route import default_workspace
+
+    cfg = PrunerConfig(policy="xshare", k0=1, budget=8)
+    side = torch.cuda.Stream()
+    main_ws = default_workspace(128, "cuda")
+    with torch.cuda.stream(side):
+        side_ws = default_workspace(128, "cuda")
+    assert side_ws is not main_ws
+    inputs = [make_logits(256, 128, "normal", seed=s).cuda() for s in (4, 5)]
+    torch.cuda.synchronize()
+    results = []
+    for _ in range(20):  # both streams busy with multi-program calls at the same time
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = prune_route(routing_call(inputs[1], 8), cfg)
+        on_main = prune_route(routing_call(inputs[0], 8), cfg)
+        torch.cuda.current_stream().wait_stream(side)
+        results.append((on_main, on_side))
+    torch.cuda.synchronize()
+    for logits, index in ((inputs[0], 0), (inputs[1], 1)):
+        want = prune_route_reference(routing_call(logits.cpu(), 8), cfg)
+        for pair in results:
+            assert torch.equal(pair[index].keep.cpu(), want.keep)
+            assert torch.equal(pair[index].topk_ids.cpu(), want.topk_ids)

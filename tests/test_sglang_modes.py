@@ -421,7 +421,8 @@ def test_echo_buffers_are_never_reallocated(echo_hooks, tmp_path) -> None:
 def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
     """Exit 2 at launch, naming both flags and what to do instead: attention DP on the standard MoE path
     (both spellings), unverified all-to-all backends, elastic EP, prefill pruning while SGLang captures
-    prefill CUDA graphs (its default on CUDA), and torch.compile.  The same modes without the pruner, and the
+    prefill CUDA graphs (its default on CUDA), torch.compile, and prefill-decode multiplexing with both
+    prefill and decode pruned (two streams at once).  The same modes without the pruner, and the
     supported neighbours, are accepted."""
     pruner = ["--moe-pruner", "xshare"]
     extend = [*pruner, "--moe-pruner-phases", "decode,extend"]
@@ -435,6 +436,7 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "torch_compile": [*pruner, "--enable-torch-compile"],
         "deepep_fusion": [*pruner, "--moe-a2a-backend", "deepep", "--enforce-shared-experts-fusion"],
         "waterfill": [*pruner, "--enable-waterfill"],
+        "pdmux_both": [*extend, "--enable-pdmux", "--disable-overlap-schedule", "--chunked-prefill-size", "-1"],
         # accepted
         "attn_dp_unpruned": ["--tp-size", "2", "--attn-dp-size", "2"],
         "attn_dp_deepep": [*pruner, "--tp-size", "2", "--attn-dp-size", "2", "--moe-a2a-backend", "deepep"],
@@ -442,6 +444,7 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "extend_cpu": [*extend, "--device", "cpu"],
         "tp2": [*pruner, "--tp-size", "2"],
         "torch_compile_unpruned": ["--enable-torch-compile"],
+        "pdmux_decode_only": [*pruner, "--enable-pdmux", "--disable-overlap-schedule", "--chunked-prefill-size", "-1"],
     }
     report = parse_in_fresh_process(cases)
     refused = {
@@ -454,6 +457,7 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "torch_compile": ["--moe-pruner does not support --enable-torch-compile"],
         "deepep_fusion": ["--enforce-shared-experts-fusion with --moe-a2a-backend deepep", "per-rank"],
         "waterfill": ["--moe-pruner does not support --enable-waterfill"],
+        "pdmux_both": ["--moe-pruner-phases decode,extend with --enable-pdmux", "two streams"],
     }
     for name, fragments in refused.items():
         code, stderr = report[name]

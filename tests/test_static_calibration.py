@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
+import subprocess
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -344,10 +347,10 @@ def test_url_flow_runs_the_benchmark_client_and_reads_the_new_dump(sglang_record
     traffic = make_traffic(4)
     seen = {}
 
-    def stand_in_benchmark_client(cmd, env, check):
+    def stand_in_benchmark_client(cmd, env, cwd, check):
         """Stand-in for ``python -m sglang.benchmark.serving``: checks its command line, and the
         requests it would send are served by the stand-in server while it records."""
-        seen["cmd"], seen["env"] = cmd, env
+        seen["cmd"], seen["env"], seen["cwd"] = cmd, env, cwd
         rec.serve(traffic)
         return SimpleNamespace(returncode=0)
 
@@ -368,6 +371,7 @@ def test_url_flow_runs_the_benchmark_client_and_reads_the_new_dump(sglang_record
         "--base-url": server.url,
         "--dataset-name": "custom",
         "--dataset-path": flags["--dataset-path"],
+        "--output-file": str(Path(seen["cwd"]) / "benchmark.jsonl"),
         "--num-prompts": "5",
         "--max-concurrency": "4",
         "--sharegpt-output-len": "16",
@@ -379,7 +383,60 @@ def test_url_flow_runs_the_benchmark_client_and_reads_the_new_dump(sglang_record
     for flag in flags:
         assert f'"{flag}"' in source, f"sglang.benchmark.serving has no {flag}"
     assert '"custom"' in source
-    assert not Path(flags["--dataset-path"]).exists()  # written for the run into a temporary folder
+    assert Path(flags["--dataset-path"]).parent == Path(seen["cwd"])
+    assert not Path(seen["cwd"]).exists()  # the client ran in a temporary folder, removed since
+
+
+@pytest.mark.sglang
+def test_url_flow_leaves_the_working_directory_empty(sglang_recorders, tmp_path, monkeypatch) -> None:
+    """SGLang's REAL benchmark client, run from an empty working directory, writes nothing there.
+
+    Without ``--output-file`` it appends its result to ``sglang_MMDD_N_custom.jsonl`` in its working
+    directory.  Its requests go to the A/B tests' stand-in (``tests/standin_server.py``, not SGLang;
+    the recorder stand-in here serves no ``/generate``) while the recorder stand-in records; the
+    server's model is a relative path, found from the user's working directory."""
+    from xshare_sglang.serving.ab.ab_server import LaunchedServer, wait_healthy
+
+    rec = sglang_recorders("stat")
+    traffic = make_traffic(6)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (tmp_path / "model").symlink_to(TINY_MOE, target_is_directory=True)
+    real_run = subprocess.run
+    seen = {}
+
+    def benchmark_client_against_the_standin(cmd, **kwargs):
+        cmd = list(cmd)
+        cmd[cmd.index("--base-url") + 1] = generator.url
+        seen["cmd"], seen["done"] = cmd, real_run(cmd, **kwargs, capture_output=True, text=True, timeout=240)
+        rec.serve(traffic)
+        return seen["done"]
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    standin = Path(__file__).resolve().parent / "standin_server.py"
+    server_argv = [sys.executable, str(standin), "--model-path", str(TINY_MOE), "--port", str(port)]
+    generator = LaunchedServer(server_argv, tmp_path / "standin.log")
+    generator.url = f"http://127.0.0.1:{port}"
+    generator.start()
+    try:
+        assert wait_healthy(generator.url, 60, alive=generator.exit_reason) is None
+        monkeypatch.setattr(sc.subprocess, "run", benchmark_client_against_the_standin)
+        monkeypatch.chdir(cwd)
+        out = tmp_path / "ranking.json"
+        with StandInSGLangServer(rec) as server:
+            server.model_info = {"model_path": "../model", "tokenizer_path": "../model"}
+            argv = ["calibrate", "--url", server.url, "-o", str(out), "--dump-dir", str(sglang_recorders.dump_dir)]
+            code = main([*argv, "--num-prompts", "4", "--max-concurrency", "2", "--output-len", "8"])
+    finally:
+        generator.stop(10)
+    left = sorted(str(path.relative_to(cwd)) for path in cwd.rglob("*"))
+    assert left == [], f"left in the working directory: {left}"
+    done = seen["done"]
+    assert code == 0 and done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert seen["cmd"][seen["cmd"].index("--tokenizer") + 1] == str(tmp_path / "model")
+    assert_ranking(out, expected_counts(traffic), "../model")
 
 
 @pytest.mark.sglang
@@ -397,7 +454,7 @@ def test_url_flow_without_workload_and_per_pass_mode(sglang_recorders, tmp_path)
 @pytest.mark.sglang
 def test_failed_workload_still_stops_the_recorder(sglang_recorders, tmp_path, monkeypatch) -> None:
     rec = sglang_recorders("stat")
-    monkeypatch.setattr(sc.subprocess, "run", lambda cmd, env, check: SimpleNamespace(returncode=3))
+    monkeypatch.setattr(sc.subprocess, "run", lambda cmd, **kwargs: SimpleNamespace(returncode=3))
     out = tmp_path / "ranking.json"
     with StandInSGLangServer(rec) as server:
         with pytest.raises(SystemExit) as info:
@@ -413,7 +470,7 @@ def test_mt_bench_default_output_len_and_gsm8k_reference_lengths(tmp_path, monke
     reference answer's length (no --sharegpt-output-len); the default prompt count is the whole set."""
     commands = []
     monkeypatch.setattr(
-        sc.subprocess, "run", lambda cmd, env, check: commands.append(cmd) or SimpleNamespace(returncode=0)
+        sc.subprocess, "run", lambda cmd, **kwargs: commands.append(cmd) or SimpleNamespace(returncode=0)
     )
     monkeypatch.setattr(sc, "benchmark_client_available", lambda: True)
     client = sc.RecorderClient("http://127.0.0.1:1")

@@ -62,7 +62,10 @@ class StaticRanking:
         """
         import torch
 
-        key = ("positions", str(device))
+        from .devices import canonical_device
+
+        device = canonical_device(device)
+        key = ("positions", device)
         if key not in self._on_device:
             counts = torch.tensor(self.counts, dtype=torch.float64)
             order = torch.sort(counts, dim=-1, descending=True, stable=True).indices
@@ -79,9 +82,12 @@ class StaticRanking:
         """
         import torch
 
+        from .devices import canonical_device
+
         if self.coactivation is None:
             raise ValueError("the static-ranking file has no co-activation counts")
-        key = ("redundancy", str(device))
+        device = canonical_device(device)
+        key = ("redundancy", device)
         if key not in self._on_device:
             pairs = self.coactivation
             own = torch.diagonal(pairs, dim1=1, dim2=2)

@@ -5,13 +5,21 @@
   two otherwise; the reference is :func:`xshare_sglang.policies.prune_route.prune_route`;
 * :func:`select_keep_mask` - the keep mask alone, in one launch (same meaning as
   :func:`xshare_sglang.select_experts_mask`);
-* :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture.
+* :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture, one per
+  (device, E, stream) (:func:`workspace_key`).
 
 The jit code lives in ``_prune_route.py`` and is imported (with triton) on the first launch, so
 importing this package stays light.
 """
 
-from .prune_route import SelectionWorkspace, plan_launch, prune_route, select_keep_mask, unsupported_reason
+from .prune_route import (
+    SelectionWorkspace,
+    plan_launch,
+    prune_route,
+    select_keep_mask,
+    unsupported_reason,
+    workspace_key,
+)
 
 __all__ = [
     "SelectionWorkspace",
@@ -19,4 +27,5 @@ __all__ = [
     "prune_route",
     "select_keep_mask",
     "unsupported_reason",
+    "workspace_key",
 ]

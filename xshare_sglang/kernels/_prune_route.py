@@ -6,15 +6,18 @@ Two kernels, launched from ``prune_route.py``:
    writes per-program partials (aggregate scores, warm-up sets, per-request sets, LYNX bin counts)
    to the workspace, then takes a ticket from an atomic counter.  The program holding the last
    ticket reduces the partials and applies the policy's set rule, the ``max_experts`` cap and the
-   token range, writes the keep mask and (with metrics) the kept count and retained score mass,
-   and resets the counter.  With P = 1 (``SINGLE``) there is no ticket, and the same program then
+   token range, writes the keep mask and (with metrics) the kept count and retained score mass.
+   The wrapper zeroes the counters before every launch with P > 1 (a counter left out of step by
+   an aborted launch, or by any other writer, can then never stop a later call from finding its
+   last program).  With P = 1 (``SINGLE``) there is no ticket, and the same program then
    routes every row itself: one launch for the whole layer call.
 2. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
    the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, the
    programs mark the experts they route to, and the last one counts them.
 
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
-aggregates and thresholds); kernels must be launched with ``enable_fp_fusion=False`` so no multiply
+aggregates and thresholds; every division correctly rounded, ``tl.math.div_rn``, since a plain ``/``
+compiles to an approximate division on CUDA); kernels must be launched with ``enable_fp_fusion=False`` so no multiply
 and add are fused into one rounding.  Orders over experts use int64 keys that pack an order-
 preserving copy of a float32 value with the inverted expert index, so one max reduction finds the
 highest value with ties to the lower index.
@@ -452,7 +455,7 @@ def route_block(
         key = tl.where(in_chosen != 0, key, MIN_KEY)
     # raw weights: softmax terms over the candidates, or sigmoids
     if SIGMOID:
-        raw = 1.0 / (1.0 + tl.exp(-x))
+        raw = tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))
         denominator = tl.zeros([x.shape[0]], tl.float32) + 1.0
     else:
         top = tl.max(tl.where(candidates, x, float("-inf")), axis=1)
@@ -478,7 +481,8 @@ def route_block(
         key = tl.where(chosen, MIN_KEY, key)
     if RENORMALIZE:
         denominator = tl.sum(wts, axis=1)
-    wts = tl.where(denominator[:, None] > 0, wts / tl.where(denominator > 0, denominator, 1.0)[:, None], 0.0)
+    safe_denominator = tl.where(denominator > 0, denominator, 1.0)[:, None]
+    wts = tl.where(denominator[:, None] > 0, tl.math.div_rn(wts, tl.broadcast_to(safe_denominator, wts.shape)), 0.0)
     if HAS_SCALE:
         wts = wts * scale
     wts = tl.where(ids >= 0, wts, 0.0)
@@ -674,7 +678,6 @@ def select_kernel(
         last = ticket == num_parts - 1
     if last:
         if not SINGLE:
-            tl.store(ticket_ptr, 0)
             agg = tl.zeros([BLOCK_E], tl.int64)
             warm = tl.zeros([BLOCK_E], tl.int32)
             base = tl.zeros([BLOCK_E], tl.int32)
@@ -839,7 +842,8 @@ def select_kernel(
         if HAS_METRICS:
             total = tl.sum(agg, axis=0)
             kept_total = tl.sum(tl.where(keep, agg, 0), axis=0)
-            ratio = kept_total.to(tl.float32) / tl.where(total > 0, total, 1).to(tl.float32)
+            # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
+            ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
             retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
             tl.store(metrics_ptr + 1, tl.load(metrics_ptr + 1) + tl.sum(keep.to(tl.int64), axis=0))
             tl.store(metrics_ptr + 2, tl.load(metrics_ptr + 2) + retained)
@@ -971,7 +975,5 @@ def route_kernel(
         tl.debug_barrier()
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == tl.num_programs(0) - 1:
-            tl.store(ticket_ptr, 0)
             marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-            tl.store(used_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
             tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum((marks != 0).to(tl.int64), axis=0))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import PrunerConfig
+from ..devices import canonical_device, stream_key
 from ..policies.api import select
 from ..policies.call import RoutingCall
 from ..policies.greedy import tau_fixed_point
@@ -154,19 +155,21 @@ def plan_launch(
 class SelectionWorkspace:
     """Scratch memory of the fused kernels for one device and expert count.
 
-    Allocate it before CUDA-graph capture and pass it to every call (one workspace may serve every
-    layer: calls on one stream run one after the other, and each call leaves its counters at 0).
-    About ``E * 10 KiB``.
+    Allocate it before CUDA-graph capture and pass it to every call.  One workspace may serve every
+    layer of one stream (calls issued on one stream run one after the other), never two streams at
+    once: :func:`default_workspace` keeps one per stream.  About ``E * 10 KiB``.
 
     Parameters
     ----------
     num_experts : int
     device : torch.device or str
+        ``"cuda"``, ``"cuda:0"`` and ``torch.device("cuda")`` are one device (see
+        :func:`xshare_sglang.devices.canonical_device`).
     """
 
     def __init__(self, num_experts: int, device: torch.device | str) -> None:
         self.num_experts = num_experts
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         kw = dict(device=self.device)
         self.agg_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int64, **kw)
         self.warm_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int8, **kw)
@@ -176,20 +179,29 @@ class SelectionWorkspace:
         self.prim = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.flag = torch.zeros(num_experts, dtype=torch.int8, **kw)
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
-        self.used = torch.zeros(num_experts, dtype=torch.int32, **kw)
-        self.tickets = torch.zeros(2, dtype=torch.int32, **kw)  # selection, routing
+        # the two tickets (selection, routing) and the routing kernel's expert marks, in one buffer
+        # so that one fill resets them before every multi-program launch
+        self.counters = torch.zeros(2 + num_experts, dtype=torch.int32, **kw)
+        self.tickets = self.counters[:2]
+        self.used = self.counters[2:]
         self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)  # coverage
 
 
-_workspaces: dict[tuple[str, int], SelectionWorkspace] = {}
+_workspaces: dict[tuple[torch.device, int, int], SelectionWorkspace] = {}
 
 
-def default_workspace(num_experts: int, device: torch.device) -> SelectionWorkspace:
-    """A workspace shared by calls that pass none; created once per (device, E) and never freed, so a
-    CUDA graph captured with it stays valid."""
-    key = (str(device), num_experts)
+def workspace_key(num_experts: int, device: torch.device | str) -> tuple[torch.device, int, int]:
+    """(device, E, current stream): calls with one key may share a workspace."""
+    device = canonical_device(device)
+    return device, num_experts, stream_key(device)
+
+
+def default_workspace(num_experts: int, device: torch.device | str) -> SelectionWorkspace:
+    """A workspace shared by calls that pass none: one per (device, E, stream), created on first use
+    and never freed, so a CUDA graph captured with it stays valid."""
+    key = workspace_key(num_experts, device)
     if key not in _workspaces:
-        _workspaces[key] = SelectionWorkspace(num_experts, device)
+        _workspaces[key] = SelectionWorkspace(num_experts, key[0])
     return _workspaces[key]
 
 
@@ -248,7 +260,7 @@ def _launch(
     logits, router = call.logits, call.router
     num_tokens, num_experts = logits.shape
     ws = workspace if workspace is not None else default_workspace(num_experts, logits.device)
-    if ws.num_experts != num_experts or ws.device != logits.device:
+    if ws.num_experts != num_experts or ws.device != canonical_device(logits.device):
         raise ValueError(
             f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {logits.device}"
         )
@@ -304,6 +316,9 @@ def _launch(
         scale,
     )
     metrics = metrics_row if has_metrics else ws.mass
+    if not plan.single:
+        # tickets and expert marks start every multi-program call at 0, whatever an earlier call left
+        ws.counters.zero_()
     jit.select_kernel[(plan.num_parts,)](
         *rows,
         plan.rows_per_program,

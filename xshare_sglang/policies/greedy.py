@@ -153,8 +153,8 @@ def rank_rounds_add(
     rounds = torch.arange(num_experts + 1, device=device)
     added_after = ((place_in_rank[None, :] < rounds[:, None]) & candidate[None, :]).sum(dim=1)
     target = rank_budget * (rank.max() + 1)
-    done = (keep.sum() + added_after) >= target
-    done[-1] = True  # E rounds exhaust every rank.
+    # E rounds exhaust every rank (an elementwise or, not a write of a Python value: no host copy)
+    done = ((keep.sum() + added_after) >= target) | (rounds == num_experts)
     num_rounds = torch.argmax(done.to(torch.int8))  # first round count that reaches the target
     return keep | (candidate & (place_in_rank < num_rounds))
 

@@ -24,6 +24,8 @@ Numerical contract (the Triton kernels reproduce it bit for bit; nothing is comp
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 SCORE_FRACTION_BITS = 24
@@ -295,5 +297,8 @@ def per_request_sums(rows: torch.Tensor, tokens_per_request: int) -> torch.Tenso
 
 
 def float32_value(value: float) -> float:
-    """The float32 nearest to ``value``, as a Python float (what a kernel receives for it)."""
-    return torch.tensor(value, dtype=torch.float32).item()
+    """The float32 nearest to ``value``, as a Python float (what a kernel receives for it).
+
+    Rounded on the host (``struct``), so that no tensor is made per call.
+    """
+    return struct.unpack("f", struct.pack("f", value))[0]

@@ -132,6 +132,7 @@ class EchoRuntime:
         # draft graph copied the candidates itself)
         self._stash_rows: int | None = None
         self.steps = 0
+        self.requests = 0  # real requests planned (host count)
         self.faults = 0
         self._last_fault_log = 0.0
         self.totals: dict[str, torch.Tensor] = {}
@@ -238,7 +239,7 @@ class EchoRuntime:
         allocated = allocate_nodes(candidates, allocation.widths)
         plan.top_scores_index, plan.kept = verify_slots(candidates, allocated, num_draft_tokens)
         plan.draft_tokens = candidates.tokens.gather(1, plan.top_scores_index)
-        self._count("requests", torch.tensor(num_requests, device=confidence.device))
+        self.requests += num_requests  # a host count: no tensor made from a host value per step
         self._count("kept_nodes", plan.kept[:, 1:].sum())
         self._count("truncated", allocation.truncated.sum())
         self.steps += 1
@@ -269,6 +270,8 @@ class EchoRuntime:
     def summary(self) -> dict[str, float]:
         """Host-side totals (synchronises; for periodic logs and tests)."""
         out = {name: int(value) for name, value in self.totals.items()}
+        if self.requests:
+            out["requests"] = self.requests
         requests = out.get("requests", 0)
         if requests:
             out["kept_nodes_per_request"] = out.get("kept_nodes", 0) / requests

@@ -19,6 +19,13 @@ do instead; the launch then ends with exit code 2.  What is refused, and why:
   pruner's per-layer maps;
 * pruning prefill (``extend`` / ``mixed`` phases) while SGLang captures prefill CUDA graphs: the
   graphs are captured without the pruner, so prefill would silently run unpruned;
+* prefill-decode multiplexing (``--enable-pdmux``) with both a prefill phase and a decode-side phase
+  pruned: SGLang then issues a decode forward and a prefill forward on two streams that run at the
+  same time, and both would write the same layers' keep masks and metrics.  (Every other mode issues
+  the routing calls of one process in order: the side streams of dual-stream MoE, two-batch and
+  single-batch overlap, EAGLE's planning stream and the overlap scheduler fork and join around the
+  shared expert or communication, never around two routing calls.  The selection kernels' scratch
+  memory is kept per stream in any case.)
 * ``--enable-torch-compile``: the compiled decode forward traces through the routing hooks (guards
   on the pruner's state, graph breaks around its kernels), which has not been shown to replay the
   same routing as an eager pruned forward; on the CPU engine its graph mode also needs an attention
@@ -35,6 +42,7 @@ from .settings import PluginSettings
 #: ``--moe-a2a-backend`` values the pruner is exact with (standard dispatch, DeepEP).
 ACCEPTED_A2A_BACKENDS = ("none", "deepep", "deepep_v2")
 PREFILL_PHASES = ("extend", "mixed")
+DECODE_PHASES = ("decode", "verify")
 PHASES_FLAG = FLAG_PREFIX + "-phases"
 
 
@@ -106,6 +114,14 @@ def unsupported_mode_reason(args: Any, settings: PluginSettings) -> str | None:
             "not verified to route as the eager pruner does); serve without one of the two"
         )
     pruned_prefill = [p for p in PREFILL_PHASES if settings.config_for(p) is not None]
+    pruned_decode = [p for p in DECODE_PHASES if settings.config_for(p) is not None]
+    if pruned_prefill and pruned_decode and _value(args, "enable_pdmux", False):
+        return (
+            f"{PHASES_FLAG} {','.join(pruned_decode + pruned_prefill)} with --enable-pdmux: SGLang runs prefill and "
+            "decode forwards at the same time on two streams, and both would write the same layers' pruning "
+            f"state. Leave {', '.join(pruned_prefill)} out of {PHASES_FLAG} (the default phases are decode,verify), "
+            "or serve without --enable-pdmux"
+        )
     if pruned_prefill and prefill_graphs_on(args):
         return (
             f"{PHASES_FLAG} {','.join(pruned_prefill)}: SGLang captures its prefill CUDA graphs "

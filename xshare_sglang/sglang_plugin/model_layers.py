@@ -13,7 +13,9 @@ from typing import Any, NamedTuple
 import torch
 
 from ..config import PrunerConfig
+from ..devices import canonical_device
 from ..policies.call import RouterSpec
+from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.rewrite import METRIC_COLUMNS
 from .moe_backends import dropped_slots_filled
 from .runtime import LayerState, PrunerRuntime
@@ -286,7 +288,7 @@ def make_runtime(settings: PluginSettings, states: dict[int, LayerState], device
     """A runtime over the given layer states (keyed by ``id(topk_config)``)."""
     return PrunerRuntime(
         settings=settings,
-        device=torch.device(device),
+        device=canonical_device(device),
         layers=states,
         num_valid_buffer=torch.zeros(1, dtype=torch.int32, device=device),
         metrics=torch.zeros(len(states), len(METRIC_COLUMNS), dtype=torch.int64, device=device),
@@ -302,7 +304,7 @@ def build_runtime(
     ep_size: int = 1,
 ) -> PrunerRuntime:
     """Check ``settings`` against ``model`` and allocate every buffer the routing hooks use."""
-    device = torch.device(device)
+    device = canonical_device(device)
     configs = {cfg for cfg in settings.phase_configs().values() if cfg.policy != "none"}
     layers = find_moe_layers(model)
     for phase, cfg in settings.phase_configs().items():
@@ -331,6 +333,14 @@ def build_runtime(
         states[id(topk.topk_config)] = state
     for reason in sorted(fill_reasons):
         logger.info("moe-pruner: dropped slots get a weight-0 expert instead of -1 (%s)", reason)
+    for cfg in configs:
+        # copy calibration tables to the device now: a first copy inside a forward would be a
+        # host-to-device copy on the step path (and an error under CUDA-graph capture)
+        if cfg.policy == "moe-spec" and cfg.ranking in ("static", "coactivation"):
+            for topk, _, _ in layers:
+                static_positions(cfg, topk.layer_id, device)
+                if cfg.ranking == "coactivation":
+                    layer_redundancy(cfg, topk.layer_id, device)
     unfused = sorted({fused_router(t.topk_config, n)[1] for t, n, _ in layers} - {""})
     for reason in unfused:
         logger.info(

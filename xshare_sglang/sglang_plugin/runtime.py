@@ -32,7 +32,7 @@ import torch
 
 from ..break_even import GuardTable
 from ..config import PrunerConfig
-from ..kernels import SelectionWorkspace, prune_route, select_keep_mask
+from ..kernels import SelectionWorkspace, prune_route, select_keep_mask, workspace_key
 from ..policies.apply import mask_router_inputs
 from ..policies.call import RouterSpec, RoutingCall
 from ..policies.rewrite import rewrite_routing
@@ -144,7 +144,8 @@ class PrunerRuntime:
     faults: int = 0
     pruned_forwards: int = 0
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)
-    _workspaces: dict[tuple[str, int], SelectionWorkspace] = field(default_factory=dict, repr=False)
+    # one per (device, E, stream): two streams never share scratch memory
+    _workspaces: dict[tuple[torch.device, int, int], SelectionWorkspace] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ scopes
     def enter(self, scope: ForwardScope | None) -> ForwardScope | None:
@@ -193,9 +194,9 @@ class PrunerRuntime:
         self.call = None
 
     def _workspace(self, logits: torch.Tensor) -> SelectionWorkspace:
-        key = (str(logits.device), logits.shape[1])
+        key = workspace_key(logits.shape[1], logits.device)
         if key not in self._workspaces:
-            self._workspaces[key] = SelectionWorkspace(logits.shape[1], logits.device)
+            self._workspaces[key] = SelectionWorkspace(logits.shape[1], key[0])
         return self._workspaces[key]
 
     def routing_call(

@@ -7,10 +7,15 @@ repetition, each repetition in arm order (baseline, candidate 1, ..., baseline, 
 drift of the machine (clocks, temperature, other tenants) lands on every arm alike.
 
 Every command is built here, as an argv list, so ``--dry-run`` prints exactly what the run executes.
+The clients run with their session's folder as working directory (``few_shot_gsm8k`` writes
+``tmp_output_gsm8k.txt`` there; it has no flag for it), so every path in their commands is absolute:
+the output file, the dataset, and ``--model`` / ``--tokenizer`` where they name a local folder.
+Nothing is written into the user's working directory.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -81,6 +86,12 @@ class Session:
         return f"r{self.repeat}-{self.arm.name}"
 
 
+def client_path(name: str) -> str:
+    """``name`` made absolute when it is a local file or folder, so that a client run in another
+    working directory finds it; anything else (a Hugging Face model id) unchanged."""
+    return os.path.abspath(name) if os.path.exists(name) else name
+
+
 def dataset_file(settings: AbSettings, name: str) -> Path:
     """The ``custom`` dataset file the run writes for a shipped workload."""
     return settings.output_dir / "datasets" / f"{name}.jsonl"
@@ -117,9 +128,9 @@ def serving_argv(
         "--base-url",
         base_url,
         "--model",
-        settings.model_path,
+        client_path(settings.model_path),
         "--tokenizer",
-        settings.tokenizer or settings.model_path,
+        client_path(settings.tokenizer or settings.model_path),
         "--num-prompts",
         str(settings.prompts_for(concurrency)),
         "--max-concurrency",
@@ -129,7 +140,7 @@ def serving_argv(
         "--seed",
         str(settings.seed),
         "--output-file",
-        str(output),
+        os.path.abspath(output),
         "--tag",
         f"{arm.name}/r{repeat}",
     ]
@@ -145,7 +156,7 @@ def serving_argv(
             "1.0",
         ]
     elif dataset in CUSTOM_DATASETS:
-        argv += ["--dataset-name", "custom", "--dataset-path", str(dataset_file(settings, dataset))]
+        argv += ["--dataset-name", "custom", "--dataset-path", os.path.abspath(dataset_file(settings, dataset))]
         if dataset == "mt-bench":
             argv += ["--sharegpt-output-len", str(settings.output_len)]
     else:  # settings validated the names
@@ -165,7 +176,7 @@ def accuracy_argv(settings: AbSettings, base_url: str) -> tuple[str, ...]:
         "--port",
         str(parts.port or (443 if parts.scheme == "https" else 80)),
         "--data-path",
-        str(gsm8k_path()),
+        os.path.abspath(gsm8k_path()),
         "--num-questions",
         str(settings.gsm8k_questions),
         "--num-shots",

@@ -353,6 +353,7 @@ def benchmark_command(
     url: str,
     dataset_path: str | os.PathLike[str],
     *,
+    output_file: str | os.PathLike[str],
     num_prompts: int,
     max_concurrency: int,
     output_len: int | None,
@@ -362,7 +363,9 @@ def benchmark_command(
 ) -> list[str]:
     """The ``python -m sglang.benchmark.serving`` command that sends a ``custom`` dataset to ``url``.
 
-    ``output_len`` None asks for as many tokens as each completion in the dataset has.
+    ``output_len`` None asks for as many tokens as each completion in the dataset has.  The client
+    appends its result to ``output_file`` (without it, to a file it names in its working directory);
+    local paths are made absolute, since :func:`benchmark_workload` runs it in a temporary folder.
     """
     cmd = [
         python,
@@ -375,7 +378,9 @@ def benchmark_command(
         "--dataset-name",
         "custom",
         "--dataset-path",
-        os.fspath(dataset_path),
+        os.path.abspath(dataset_path),
+        "--output-file",
+        os.path.abspath(output_file),
         "--num-prompts",
         str(num_prompts),
         "--max-concurrency",
@@ -384,10 +389,15 @@ def benchmark_command(
     if output_len is not None:
         cmd += ["--sharegpt-output-len", str(output_len)]
     if model:
-        cmd += ["--model", model]
+        cmd += ["--model", _local_path_or_name(model)]
     if tokenizer:
-        cmd += ["--tokenizer", tokenizer]
+        cmd += ["--tokenizer", _local_path_or_name(tokenizer)]
     return cmd
+
+
+def _local_path_or_name(name: str) -> str:
+    """``name`` made absolute when it is a local file or folder here; a model id unchanged."""
+    return os.path.abspath(name) if os.path.exists(name) else name
 
 
 def benchmark_client_available() -> bool:
@@ -395,15 +405,16 @@ def benchmark_client_available() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-def benchmark_workload(cmd: Sequence[str], *, api_key: str | None = None) -> Workload:
-    """A workload that runs SGLang's benchmark client (``cmd``) and fails unless it exits 0."""
+def benchmark_workload(cmd: Sequence[str], *, work_dir: str | os.PathLike[str], api_key: str | None = None) -> Workload:
+    """A workload that runs SGLang's benchmark client (``cmd``) in ``work_dir`` (so that nothing it
+    writes lands in the user's working directory) and fails unless it exits 0."""
 
     def run() -> None:
         env = dict(os.environ)
         if api_key:
             env["OPENAI_API_KEY"] = api_key  # what sglang.benchmark.serving sends as its bearer token
         logger.info("workload: %s", shlex.join(cmd))
-        result = subprocess.run(list(cmd), env=env, check=False)
+        result = subprocess.run(list(cmd), env=env, cwd=work_dir, check=False)
         if result.returncode != 0:
             raise CalibrationError(
                 f"SGLang's benchmark client exited with {result.returncode} ({shlex.join(cmd)}); "
@@ -563,13 +574,14 @@ def _server_workload(args: argparse.Namespace, client: RecorderClient, model_inf
     cmd = benchmark_command(
         client.url,
         dataset_path,
+        output_file=work_dir / "benchmark.jsonl",
         num_prompts=num_prompts,
         max_concurrency=args.max_concurrency,
         output_len=output_len,
         model=model_info.get("model_path"),
         tokenizer=args.tokenizer or model_info.get("tokenizer_path") or model_info.get("model_path"),
     )
-    return benchmark_workload(cmd, api_key=args.api_key)
+    return benchmark_workload(cmd, work_dir=work_dir, api_key=args.api_key)
 
 
 def _expected_files(mode: str | None, info: dict | None) -> int:

@@ -122,7 +122,10 @@ def echo_schedule(
     rows = torch.arange(num_requests, device=device)
     valid = rows < (num_requests if num_valid_requests is None else num_valid_requests)
     cap = torch.full((num_requests,), per_request_cap if per_request_cap is not None else 1 << 40, device=device)
-    budget = torch.as_tensor(k_max, device=device, dtype=torch.int64).clamp(min=0).reshape(())
+    if isinstance(k_max, torch.Tensor):
+        budget = k_max.to(device=device, dtype=torch.int64).clamp(min=0).reshape(())
+    else:  # a fill, not a copy of a host value: nothing waits for the host, under capture too
+        budget = torch.full((), max(int(k_max), 0), dtype=torch.int64, device=device)
     widths = torch.zeros((num_requests, num_depths), dtype=torch.int64, device=device)
     used = torch.zeros(num_requests, dtype=torch.int64, device=device)
     active = valid & (cap > 0)

@@ -50,7 +50,7 @@ def allocate_nodes(candidates: DraftCandidates, widths: torch.Tensor) -> torch.T
     device = candidates.scores.device
     # column N stands for the root, which every request holds
     held = torch.zeros((num_requests, num_candidates + 1), dtype=torch.bool, device=device)
-    held[:, num_candidates] = True
+    held[:, num_candidates].fill_(True)  # a fill: writing a Python value by indexing copies it from the host
     parents = torch.where(candidates.parents < 0, num_candidates, candidates.parents)
     scores = torch.nan_to_num(candidates.scores.to(torch.float32), nan=0.0)
     k = candidates.topk

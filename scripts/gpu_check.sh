@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one command, for one call of the lent GPU machine (at most 8 minutes).
+#
+#   scripts/gpu_check.sh --sha "$(git rev-parse --short HEAD)"      # on the GPU machine, repository root
+#
+# Stages, each with its own time box, in this order:
+#   1. tests      the gpu-marked tests (kernels in CUDA graphs, the torch reference without host syncs,
+#                 ECHO) and the kernel tests that run natively on a GPU (tickets, devices, streams)
+#   2. selection  scripts/bench_selection.py: selection cost per policy, T and router
+#   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
+#   4. guard      scripts/bench_moe_layer.py --guard-repeats: the start-up guard's decisions
+# A stage that runs over its box is stopped; the benchmarks also stop starting new cases a little before
+# (--max-minutes), so a cut stage still leaves the cases it finished.  Results are copied to the output
+# folder after every stage, so whatever ran comes back.
+#
+# Output folder: $OUT (the device tool's), else ./gpu-check-out.  At most 8 files (the device tool
+# returns no more): gpu_check.log (every stage's output), gpu_tests.xml (JUnit), selection.md,
+# selection.csv, moe_layer.md, moe_layer.csv, guard_table.md, guard_table.json.
+#
+# Options: --sha SHA (recorded in every table; the device gets no .git), --only STAGE[,STAGE] (a
+# subset, e.g. --only tests), --budget SECONDS (total, default 450; the stage boxes scale with it).
+# SGLang's fused-MoE kernel file is read from .sgl/ when present (see docs/benchmarks.md); without it
+# the benchmarks time torch._grouped_mm and say so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+sha=unknown
+only=tests,selection,moe_layer,guard
+budget=450
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --sha) sha=$2; shift 2 ;;
+        --only) only=$2; shift 2 ;;
+        --budget) budget=$2; shift 2 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument $1 (allowed: --sha SHA, --only STAGES, --budget SECONDS)" >&2; exit 2 ;;
+    esac
+done
+if [ "$sha" = unknown ] && git rev-parse --short HEAD >/dev/null 2>&1; then
+    sha=$(git rev-parse --short HEAD)
+    git diff --quiet HEAD 2>/dev/null || sha="$sha-dirty"
+fi
+
+out=${OUT:-gpu-check-out}
+mkdir -p "$out"
+work=$(mktemp -d)
+log="$out/gpu_check.log"
+: >"$log"
+start=$(date +%s)
+export PYTHONPATH=. PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
+sgl_args=()
+[ -d .sgl/sglang ] && sgl_args=(--sglang-root .sgl/sglang)
+
+say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
+wanted() { [[ ",$only," == *",$1,"* ]]; }
+# seconds of a stage's box: its share of the budget, never past the budget's end
+box() {
+    local share=$1 left=$((budget - ($(date +%s) - start)))
+    local want=$((budget * share / 100))
+    [ "$want" -gt "$left" ] && want=$left
+    echo "$want"
+}
+# run one stage: name, seconds, command...
+stage() {
+    local name=$1 seconds=$2; shift 2
+    if [ "$seconds" -lt 20 ]; then
+        say "stage $name skipped: ${seconds}s left of the ${budget}s budget"
+        return
+    fi
+    say "stage $name: up to ${seconds}s: $*"
+    timeout -k 10 "$seconds" "$@" 2>&1 | tee -a "$log"
+    local status=${PIPESTATUS[0]}
+    [ "$status" -eq 124 ] && say "stage $name stopped at its ${seconds}s box"
+    say "stage $name: exit $status"
+}
+keep() {  # copy result files into the output folder
+    local file
+    for file in "$@"; do [ -f "$file" ] && cp "$file" "$out/"; done
+}
+
+say "commit $sha; output $out; budget ${budget}s; stages $only"
+python3 - <<'EOF' 2>&1 | tee -a "$log"
+import torch, triton
+print(f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}; torch {torch.__version__}; triton {triton.__version__}")
+EOF
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$log"
+
+if wanted tests; then
+    stage tests "$(box 25)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
+        tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py \
+        tests/test_kernels.py -k "gpu or knocked or per_stream or current_device"
+    keep "$work/gpu_tests.xml"
+fi
+if wanted selection; then
+    seconds=$(box 27)
+    stage selection "$seconds" python3 scripts/bench_selection.py --tokens 1,8,32,128,512 \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/selection" "${sgl_args[@]}"
+    keep "$work/selection/selection.md" "$work/selection/selection.csv"
+fi
+if wanted moe_layer; then
+    seconds=$(box 27)
+    stage moe_layer "$seconds" python3 scripts/bench_moe_layer.py --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3-ep8 \
+        --tokens 8,32,128,512 --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" \
+        --git-sha "$sha" --out-dir "$work/moe_layer" "${sgl_args[@]}"
+    keep "$work/moe_layer/moe_layer.md" "$work/moe_layer/moe_layer.csv"
+fi
+if wanted guard; then
+    seconds=$(box 100)
+    stage guard "$seconds" python3 scripts/bench_moe_layer.py --models qwen3-30b-a3b,gpt-oss-20b --phases decode \
+        --tokens 1,4,16,64,256 --policies xshare,moe-spec --guard-repeats 3 \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/guard" "${sgl_args[@]}"
+    keep "$work/guard/guard_table.md" "$work/guard/guard_table.json"
+fi
+say "done in $(($(date +%s) - start))s; files: $(ls "$out" | tr '\n' ' ')"
+rm -rf "$work"

@@ -86,20 +86,20 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$log"
 
 if wanted tests; then
-    stage tests "$(box 25)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
+    stage tests "$(box 22)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py \
         tests/test_kernels.py -k "gpu or knocked or per_stream or current_device"
     keep "$work/gpu_tests.xml"
 fi
 if wanted selection; then
-    seconds=$(box 27)
+    seconds=$(box 42)
     stage selection "$seconds" python3 scripts/bench_selection.py --tokens 1,8,32,128,512 \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/selection" "${sgl_args[@]}"
     keep "$work/selection/selection.md" "$work/selection/selection.csv"
 fi
 if wanted moe_layer; then
-    seconds=$(box 27)
+    seconds=$(box 25)
     stage moe_layer "$seconds" python3 scripts/bench_moe_layer.py --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3-ep8 \
         --tokens 8,32,128,512 --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" \
         --git-sha "$sha" --out-dir "$work/moe_layer" "${sgl_args[@]}"

@@ -16,11 +16,12 @@ Two kernels, launched from ``prune_route.py``:
    programs mark the experts they route to, and the last one counts them.
 
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
-aggregates and thresholds; every division correctly rounded, ``tl.math.div_rn``, since a plain ``/``
-compiles to an approximate division on CUDA); kernels must be launched with ``enable_fp_fusion=False`` so no multiply
-and add are fused into one rounding.  Orders over experts use int64 keys that pack an order-
-preserving copy of a float32 value with the inverted expert index, so one max reduction finds the
-highest value with ties to the lower index.
+aggregates and thresholds, and every division that feeds a mask or a metric correctly rounded with
+``tl.math.div_rn``: a plain ``/`` compiles to an approximate division on CUDA); the routing weights
+use the hardware ``exp`` and ``/`` and match the reference within a stated tolerance.  Kernels must
+be launched with ``enable_fp_fusion=False`` so no multiply and add are fused into one rounding.
+Orders over experts use int64 keys that pack an order-preserving copy of a float32 value with the
+inverted expert index, so one max reduction finds the highest value with ties to the lower index.
 """
 
 import triton
@@ -455,7 +456,7 @@ def route_block(
         key = tl.where(in_chosen != 0, key, MIN_KEY)
     # raw weights: softmax terms over the candidates, or sigmoids
     if SIGMOID:
-        raw = tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))
+        raw = 1.0 / (1.0 + tl.exp(-x))
         denominator = tl.zeros([x.shape[0]], tl.float32) + 1.0
     else:
         top = tl.max(tl.where(candidates, x, float("-inf")), axis=1)
@@ -481,8 +482,9 @@ def route_block(
         key = tl.where(chosen, MIN_KEY, key)
     if RENORMALIZE:
         denominator = tl.sum(wts, axis=1)
-    safe_denominator = tl.where(denominator > 0, denominator, 1.0)[:, None]
-    wts = tl.where(denominator[:, None] > 0, tl.math.div_rn(wts, tl.broadcast_to(safe_denominator, wts.shape)), 0.0)
+    # routing weights: a plain (approximate) division, within the stated tolerance of the reference
+    # (correctly rounded divisions here made a T=1 call 2.3 us slower on an H200)
+    wts = tl.where(denominator[:, None] > 0, wts / tl.where(denominator > 0, denominator, 1.0)[:, None], 0.0)
     if HAS_SCALE:
         wts = wts * scale
     wts = tl.where(ids >= 0, wts, 0.0)
@@ -499,7 +501,10 @@ def route_block(
             tl.cumsum(kept_free.to(tl.int32), axis=1),
             num_kept_free[:, None] + tl.cumsum(pruned_free.to(tl.int32), axis=1),
         )
-        wanted = tl.cumsum(drop.to(tl.int32), axis=1)
+        # running count of dropped slots, as a sum over slots i <= j rather than tl.cumsum: Triton 3.6
+        # cannot lower a scan over this narrow [rows, BLOCK_K] tile (an assertion in ScanOpToLLVM)
+        slot_le = slot[:, None] <= slot[None, :]
+        wanted = tl.sum(tl.where(slot_le[None, :, :] & drop[:, :, None], 1, 0), axis=1)
         match = (place[:, None, :] == wanted[:, :, None]) & free[:, None, :] & drop[:, :, None]
         filler = tl.sum(tl.where(match, e[None, None, :], 0), axis=2)
         ids = tl.where(drop, filler, ids)

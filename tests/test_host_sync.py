@@ -294,3 +294,20 @@ def test_echo_scheduling_step_never_synchronises(tmp_path) -> None:
     assert runtime.faults == 0 and plan is not None and plan.kept is not None
     assert not detector.findings, detector.report()
     assert runtime.summary()["requests"] == 2 * batch
+
+
+def test_verify_vote_weights_never_synchronise() -> None:
+    """What every pruned verify forward computes before its layers: draft depths from the positions,
+    the nodes the tree links let a root reach, and the vote weights (eagerly, and recorded into verify
+    graphs)."""
+    from xshare_sglang.spec import acceptable_nodes, draft_depths, vote_weights
+
+    positions = torch.tensor([10, 11, 11, 12, 20, 21, 22, 22, 5, 6, 6, 6])
+    next_token = torch.tensor([[1, 3, -1, -1], [1, 2, -1, -1], [1, -1, -1, -1]])
+    next_sibling = torch.tensor([[-1, 2, -1, -1], [-1, -1, 3, -1], [-1, 2, 3, -1]])
+    with HostSyncDetector() as detector:
+        depths = draft_depths(positions, D)
+        acceptable = acceptable_nodes(next_token, next_sibling).reshape(-1)
+        weights = vote_weights(depths, 0.7, acceptable)
+    assert not detector.findings, detector.report()
+    assert weights[0] == 1.0 and weights[3] == pytest.approx(0.49)  # a root, and a node at depth 2

@@ -162,3 +162,28 @@ def test_guard_rows_decide_from_repeated_runs() -> None:
     assert (decode_8["T"], decode_8["prune"], decode_8["samples"]) == (8, True, 3)
     assert decode_8["baseline_us"] == 10.05 and decode_8["pruned_us"] == 6.0  # medians of 6 and of 3 samples
     assert (decode_1["T"], decode_1["prune"]) == (1, False)
+
+
+def test_kernel_sass_reports_each_launch(tmp_path) -> None:
+    """scripts/kernel_sass.py compiles each launch of a call for sm_90 (no GPU) and counts its SASS: one
+    kernel at T=1, two at T=64, and a policy's selection adds code to the kernel of ``none``."""
+    out = tmp_path / "sass.md"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "scripts" / "kernel_sass.py"), "--models", "qwen3-30b-a3b"]
+    command += ["--tokens", "1,64", "--policies", "none,xshare", "--out", str(out)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| qwen3")]
+    table = {(int(r[1]), r[2].strip(), r[3].strip()): [c.strip() for c in r] for r in rows}
+    assert set(table) == {
+        (1, "none", "select"),
+        (1, "xshare", "select"),
+        (64, "none", "select"),
+        (64, "none", "route"),
+        (64, "xshare", "select"),
+        (64, "xshare", "route"),
+    }
+    instructions = {key: int(row[5]) for key, row in table.items()}
+    assert all(n > 100 for n in instructions.values())
+    assert instructions[(1, "xshare", "select")] > instructions[(1, "none", "select")]
+    assert table[(64, "xshare", "select")][12] == "4"  # 4 programs' partials summed by the last one

@@ -1,0 +1,153 @@
+"""The fused selection kernels' serial work per policy, read off their Hopper machine code without a GPU.
+
+For each router, policy and T, one ``prune_route`` call is captured (not launched) and each of its
+kernels compiled for sm_90 as the launch would compile it (:mod:`xshare_sglang.bench.kernel_compile`).
+Per kernel the table gives the grid and static SASS counts (every instruction once: instructions,
+SHFL, BAR, CALL, backward branches = loops, global loads, registers), and the trip counts of the serial
+loops one program runs, from the launch arguments:
+
+* ``tiles``: row tiles one program of the selection reads (phase A), times ``ranks``, the top-k rounds
+  ``row_ranks`` runs per tile;
+* ``parts``: partials the last program sums;
+* ``rule``: rounds of the set rule in the last program (greedy picks, pairwise-order chunks, LYNX
+  digit compares and pick tiles, coverage passes);
+* ``route``: routing tiles the single program runs after the selection (one-launch calls), each of
+  ``top_k`` argmax rounds.
+
+Static counts times trip counts is the proxy for the serial chain of one call; the GPU timing
+(``scripts/bench_selection.py``) decides.  Run from the repository root, no GPU needed::
+
+    PYTHONPATH=. python scripts/kernel_sass.py --out kernel_sass.md
+
+Routers and policies are those of ``bench_selection.py``; ``--tokens`` (default 1,32,512) and
+``--models`` narrow them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.pop("TRITON_INTERPRET", None)  # the kernels must compile, not interpret
+
+import torch
+
+from xshare_sglang import PrunerConfig
+from xshare_sglang.bench.common import git_sha
+from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, sass_stats
+from xshare_sglang.policies.call import RouterSpec, RoutingCall
+
+ROUTERS = {
+    "qwen3-30b-a3b": (128, RouterSpec(8, "softmax", True)),
+    "gpt-oss-120b": (128, RouterSpec(4, "softmax", True)),
+    "deepseek-v3": (256, RouterSpec(8, "sigmoid", True, 8, 4, 2.5)),
+}
+
+
+def policies(num_experts: int) -> dict[str, tuple[PrunerConfig, int]]:
+    """bench_selection.py's settings (budgets scale with E/128): name -> (config, D)."""
+    scale = num_experts // 128
+    return {
+        "none": (PrunerConfig(), 1),
+        "oea": (PrunerConfig(policy="oea", k0=1), 1),
+        "xshare": (PrunerConfig(policy="xshare", k0=1, budget=16 * scale), 1),
+        "xshare-threshold": (PrunerConfig(policy="xshare-threshold", k0=1, tau=0.9), 1),
+        "xshare-ep": (PrunerConfig(policy="xshare-ep", k0=1, rank_budget=4 * scale), 1),
+        "moe-spec": (PrunerConfig(policy="moe-spec", max_experts=32 * scale), 1),
+        "lynx": (PrunerConfig(policy="lynx", alpha=2.0, beta=4), 1),
+        "xshare-spec": (PrunerConfig(policy="xshare-spec", k0=1, request_budget=2 * scale, budget=0), 4),
+        "moe-spec-request": (PrunerConfig(policy="moe-spec", max_experts=8, scope="request"), 4),
+    }
+
+
+def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: int) -> dict[str, str]:
+    """Serial loop trips of one program, from the launch arguments."""
+    if kernel == "route_kernel":
+        return {"tiles": "1", "ranks": "-", "parts": "-", "rule": "-", "route": f"1 x {top_k}"}
+    per_program, per_request, chunk = named["rows_per_program"], named["rows_per_request"], named["CHUNK_T"]
+    tiles_per_request = -(-per_request // chunk)
+    tiles = per_program // per_request * tiles_per_request if named["PER_REQUEST"] else -(-per_program // chunk)
+    jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["MODE_ALL"])
+    mode = named["MODE"]
+    reads_rows = mode not in (jit.MODE_ALL.value, jit.MODE_STATIC.value) or named["NEED_SCORES"]
+    ranks = max(named["top_k"], named["k0"]) if named["NEED_SCORES"] and named["SCORE_TOPK"] else named["k0"]
+    block_e, pair_chunk = named["BLOCK_E"], named["CHUNK"]
+    pairwise = f"{block_e // pair_chunk} pairwise chunks"
+    rules = {
+        jit.MODE_GREEDY_WARM.value: pairwise,
+        jit.MODE_GREEDY_BASE.value: pairwise,
+        jit.MODE_THRESHOLD.value: pairwise,
+        jit.MODE_RANK_ROUNDS.value: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps",
+        jit.MODE_TOP_AGG.value: pairwise,
+        jit.MODE_COACT.value: f"{named['count']} greedy picks",
+        jit.MODE_COVERAGE.value: f"{named['count']} picks x {-(-num_tokens // chunk)} row tiles",
+    }
+    rule = rules.get(mode, "-")
+    if named["LYNX"]:
+        digits = named["beta"] + 2
+        rule = f"{digits} digits x {block_e // pair_chunk} chunks + {-(-num_tokens // chunk)} pick tiles x {top_k}"
+    if named["PER_REQUEST"]:
+        rule += f"; {named['request_budget']} picks per request"
+    route = f"{-(-num_tokens // named['ROUTE_T'])} x {top_k}" if named["SINGLE"] and named["ROUTE"] else "-"
+    return {
+        "tiles": str(tiles if reads_rows else 0),
+        "ranks": str(ranks if reads_rows else 0),
+        "parts": "-" if named["SINGLE"] else str(grid[0]),
+        "rule": rule,
+        "route": route,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(ROUTERS), help=f"subset of {', '.join(ROUTERS)}")
+    parser.add_argument("--tokens", default="1,32,512", help="token counts T")
+    parser.add_argument("--policies", default="all", help="comma-separated subset, or all")
+    parser.add_argument("--out", default=None, help="also write the Markdown table here")
+    args = parser.parse_args()
+    jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
+    lines = [
+        f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
+        "",
+        "| router | T | policy | kernel | grid | SASS | SHFL | BAR | CALL | loops | regs | tiles x ranks | parts "
+        "| rule | route |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
+    ]
+    for model in args.models.split(","):
+        num_experts, router = ROUTERS[model]
+        for num_tokens in (int(t) for t in args.tokens.split(",")):
+            for name, (cfg, tokens_per_request) in policies(num_experts).items():
+                if args.policies != "all" and name not in args.policies.split(","):
+                    continue
+                gen = torch.Generator().manual_seed(num_tokens)
+                logits = torch.randn(num_tokens, num_experts, generator=gen).to(torch.bfloat16)
+                call = RoutingCall(
+                    logits,
+                    router,
+                    tokens_per_request=tokens_per_request,
+                    num_valid_tokens=torch.tensor([num_tokens], dtype=torch.int32),
+                    expert_to_rank=torch.arange(num_experts, dtype=torch.int32) // (num_experts // 8),
+                    correction_bias=torch.zeros(num_experts) if router.scoring == "sigmoid" else None,
+                )
+                launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64))
+                for kernel, (grid, kernel_args, kwargs) in launches.items():
+                    named = dict(zip(getattr(jit, kernel).arg_names, kernel_args, strict=False)) | kwargs
+                    stats = sass_stats(compile_launch(kernel, kernel_args, kwargs))
+                    trips = trip_counts(kernel, grid, named, num_tokens, router.top_k)
+                    lines.append(
+                        f"| {model} | {num_tokens} | {name} | {kernel.removesuffix('_kernel')} | {grid[0]} | "
+                        f"{stats.instructions} | {stats.shuffles} | {stats.barriers} | {stats.calls} | "
+                        f"{stats.backward_branches} | {stats.registers} | {trips['tiles']} x {trips['ranks']} | "
+                        f"{trips['parts']} | {trips['rule']} | {trips['route']} |"
+                    )
+                    print(lines[-1], flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Compile the fused selection kernels for a GPU on a machine without one, exactly as a launch would.
+
+``prune_route`` is called with CPU tensors and its two jit functions replaced by recorders, so the
+launch wrapper builds every argument as it does on a GPU; each recorded launch is then compiled for
+the target (sm_90 by default) with Triton's own argument specialization (the binder a real launch
+runs: alignment and value-1 specialization of the arguments).  The result is what the GPU would run:
+its PTX, and its SASS through the ``cuobjdump`` Triton ships.
+
+Used by ``scripts/kernel_sass.py`` (per-policy SASS counts, the proxy for serial work) and by
+``tests/test_kernels_ptx.py`` (what the PTX must and must not contain).  Needs ``TRITON_INTERPRET``
+unset when the kernel module is imported (the jit functions must be real ``JITFunction`` objects).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+
+PTX_OPS = ("div.full.f32", "div.approx.f32", "div.approx.ftz.f32", "div.rn.f32")
+
+
+class _Recorder:
+    """Stands in for a jit function: keeps the arguments of a launch instead of launching."""
+
+    def __init__(self, name: str, captured: dict) -> None:
+        self.name, self.captured = name, captured
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.captured[self.name] = (tuple(grid), args, dict(kwargs))
+
+        return launch
+
+
+def capture_launches(call, cfg, **prune_route_kwargs) -> dict[str, tuple]:
+    """The launches one :func:`~xshare_sglang.kernels.prune_route` call makes, without launching:
+    ``{kernel name: (grid, args, kwargs)}``.  ``call`` holds CPU tensors."""
+    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    jit = importlib.import_module("xshare_sglang.kernels._prune_route")
+    real = {"select_kernel": jit.select_kernel, "route_kernel": jit.route_kernel}
+    captured: dict = {}
+    interpreting = wrapper._interpreting
+    wrapper._interpreting = lambda: True  # CPU tensors reach the launch code
+    jit.select_kernel, jit.route_kernel = (_Recorder(name, captured) for name in real)
+    try:
+        wrapper.prune_route(call, cfg, **prune_route_kwargs)
+    finally:
+        jit.select_kernel, jit.route_kernel = real["select_kernel"], real["route_kernel"]
+        wrapper._interpreting = interpreting
+    return captured
+
+
+def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):
+    """Compile one recorded launch of ``name`` for ``sm_<capability>``; returns Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = getattr(importlib.import_module("xshare_sglang.kernels._prune_route"), name)
+    target = GPUTarget("cuda", capability, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def ptx_counts(compiled) -> dict[str, int]:
+    """How often each division of :data:`PTX_OPS` occurs in the kernel's PTX."""
+    ptx = compiled.asm["ptx"]
+    return {op: ptx.count(op) for op in PTX_OPS}
+
+
+@dataclass(frozen=True)
+class SassStats:
+    """Static counts over one kernel's SASS (every instruction once, loops not unrolled)."""
+
+    instructions: int
+    shuffles: int  # SHFL: the steps of cross-lane reductions
+    barriers: int  # BAR: block-wide synchronisations
+    atomics: int  # ATOM / RED to global memory
+    calls: int  # CALL: subroutines (int64 division, correctly rounded division, ...)
+    backward_branches: int  # branches to an earlier instruction: loops
+    global_loads: int
+    registers: int
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_REGISTERS = re.compile(r"REG:(\d+)")
+
+
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
+    import os
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.cubin")
+        with open(path, "wb") as handle:
+            handle.write(cubin)
+        return subprocess.check_output([knobs.nvidia.cuobjdump.path, *flags, path], text=True)
+
+
+def sass_stats(compiled) -> SassStats:
+    """Count the SASS of a compiled kernel (disassembled with the ``cuobjdump`` Triton ships)."""
+    cubin = compiled.asm["cubin"]
+    sass = _cuobjdump(cubin, "-sass")
+    counts = dict(instructions=0, shuffles=0, barriers=0, atomics=0, calls=0, backward_branches=0, global_loads=0)
+    for match in _INSTRUCTION.finditer(sass):
+        address, opcode, operands = int(match.group(1), 16), match.group(3), match.group(4)
+        base = opcode.split(".")[0]
+        if base == "NOP":
+            continue
+        counts["instructions"] += 1
+        counts["shuffles"] += base == "SHFL"
+        counts["barriers"] += base == "BAR"
+        counts["atomics"] += base in ("ATOM", "ATOMG", "RED", "REDG")
+        counts["calls"] += base == "CALL"
+        counts["global_loads"] += base in ("LDG", "LD")
+        if base == "BRA":
+            target = re.search(r"0x([0-9a-f]+)", operands)
+            if target is not None and int(target.group(1), 16) < address:
+                counts["backward_branches"] += 1
+    registers = _REGISTERS.search(_cuobjdump(cubin, "-res-usage"))
+    return SassStats(**counts, registers=int(registers.group(1)) if registers else 0)

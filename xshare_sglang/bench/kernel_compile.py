@@ -102,7 +102,9 @@ def _cuobjdump(cubin: bytes, *flags: str) -> str:
         path = os.path.join(folder, "kernel.cubin")
         with open(path, "wb") as handle:
             handle.write(cubin)
-        return subprocess.check_output([knobs.nvidia.cuobjdump.path, *flags, path], text=True)
+        return subprocess.check_output(
+            [knobs.nvidia.cuobjdump.path, *flags, path], text=True, stderr=subprocess.DEVNULL
+        )
 
 
 def sass_stats(compiled) -> SassStats:

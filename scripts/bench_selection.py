@@ -62,7 +62,7 @@ from xshare_sglang.bench.moe_layer import (
     build_case,
     resolve_backends,
 )
-from xshare_sglang.kernels import SelectionWorkspace, prune_route
+from xshare_sglang.kernels import SelectionWorkspace, per_request_policy, plan_launch, prune_route
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 
@@ -305,14 +305,14 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
     none_us = time_graph(lambda i: sel.select(none, i), args.calls, args.replays)
     layer_us = time_graph(lambda i: sel.layer(cfg, i), args.calls, args.replays)
     tokens = sel.case.tokens
+    plan = plan_launch(tokens, sel.model.shape.num_experts, sel.case.tokens_per_request, per_request_policy(cfg))
     share = selection_us / layer_us
     measured = torch.cuda.is_available()
     checks_ok = (
         check["ids_equal"]
         and check["weights_close"]
         and check["eager_alloc_bytes"] == 0
-        and 1 <= launches <= 2
-        and (launches == 1 or tokens > 32)
+        and launches == (1 if plan.single else 2)
     )
     return {
         "model": sel.model.name,

@@ -268,8 +268,13 @@ def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens
     assert plan.rows_per_program % plan.rows_per_request == 0
     if spec:
         assert plan.rows_per_request == tokens_per_request  # requests never straddle programs
-    if num_tokens <= 32:
-        assert plan.single and plan.route_programs == 0  # one launch does everything
+    # one launch (selection and routing in one program) exactly when the call is one tile of rows, or one
+    # request of a per-request policy; then the tile is no taller than the call
+    base_tile = max(1, min(16, 2048 // plan.block_experts))
+    assert plan.single == (num_tokens <= (tokens_per_request if spec else base_tile)), plan
+    if plan.single:
+        assert plan.route_programs == 0 and plan.route_rows <= max(1, 2 * num_tokens - 1)
+        assert plan.chunk_rows <= plan.route_rows
     if not plan.single:
         assert plan.route_programs * plan.route_rows >= num_tokens > (plan.route_programs - 1) * plan.route_rows
 
@@ -374,7 +379,7 @@ def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_ex
 @pytest.mark.parametrize("policy", ["none", *POLICIES])
 def test_one_layer_call_launches_at_most_two_kernels(policy, monkeypatch) -> None:
     """Count every Triton launch of one pruned layer call (by wrapping the launcher of the kernel
-    class): one for batches that fit one program, never more than two; metrics add none."""
+    class): one for calls of one tile (or one request), never more than two; metrics add none."""
     launches = []
     launcher = type(jit.select_kernel)
     original_run = launcher.run
@@ -402,8 +407,8 @@ def test_one_layer_call_launches_at_most_two_kernels(policy, monkeypatch) -> Non
         )
         prune_route(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE))
         assert 1 <= len(launches) <= 2, (num_tokens, launches)
-        if num_tokens <= 32:
-            assert len(launches) == 1, (num_tokens, launches)
+        plan = plan_launch(num_tokens, 128, tokens_per_request, policy == "xshare-spec")
+        assert len(launches) == (1 if plan.single else 2), (num_tokens, launches)
 
 
 # ------------------------------------------------------------------ tickets, workspaces, devices

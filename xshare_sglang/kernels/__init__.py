@@ -14,6 +14,7 @@ importing this package stays light.
 
 from .prune_route import (
     SelectionWorkspace,
+    per_request_policy,
     plan_launch,
     prune_route,
     select_keep_mask,
@@ -23,6 +24,7 @@ from .prune_route import (
 
 __all__ = [
     "SelectionWorkspace",
+    "per_request_policy",
     "plan_launch",
     "prune_route",
     "select_keep_mask",

@@ -47,8 +47,6 @@ MAX_PARTS = 64  # programs of the selection: bounds the last program's reduction
 # ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
 MAX_COVERAGE_TOKENS = 1024
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
-#: Calls with at most this many rows run as one program: selection and routing in one launch.
-SINGLE_PROGRAM_TOKENS = 32
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _MODES = {
@@ -71,7 +69,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _per_request(cfg: PrunerConfig) -> bool:
+def per_request_policy(cfg: PrunerConfig) -> bool:
     """Whether the selection builds per-request sets (xshare-spec, moe-spec with scope=request)."""
     return cfg.policy == "xshare-spec" or (cfg.policy == "moe-spec" and cfg.scope == "request")
 
@@ -90,7 +88,7 @@ def unsupported_reason(call: RoutingCall, cfg: PrunerConfig) -> str | None:
         return f"top_k={call.top_k} (the kernels support up to {MAX_TOP_K})"
     if num_tokens > MAX_TOKENS:
         return f"T={num_tokens} tokens (the kernels support up to {MAX_TOKENS})"
-    if _per_request(cfg) and call.tokens_per_request > MAX_TOKENS_PER_REQUEST:
+    if per_request_policy(cfg) and call.tokens_per_request > MAX_TOKENS_PER_REQUEST:
         return f"tokens_per_request={call.tokens_per_request} (the kernels support up to {MAX_TOKENS_PER_REQUEST})"
     if cfg.policy == "moe-spec" and cfg.ranking == "coverage" and num_tokens > MAX_COVERAGE_TOKENS:
         return f"T={num_tokens} tokens with ranking=coverage (the kernels support up to {MAX_COVERAGE_TOKENS})"
@@ -118,36 +116,35 @@ class LaunchPlan:
         return self.num_parts == 1
 
 
-def plan_launch(
-    num_tokens: int,
-    num_experts: int,
-    tokens_per_request: int,
-    per_request: bool,
-    *,
-    single_program_tokens: int = SINGLE_PROGRAM_TOKENS,
-) -> LaunchPlan:
-    """Split T tokens over at most :data:`MAX_PARTS` programs; requests never straddle programs."""
+def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_request: bool) -> LaunchPlan:
+    """Split T tokens over at most :data:`MAX_PARTS` programs; requests never straddle programs.
+
+    A call runs as one program (one launch: selection and routing) only when it is one tile of rows,
+    or one request of a per-request policy; anything larger is spread over programs, because a second
+    tile or request run serially in one program costs more than the second launch (on an H200 a
+    second 16-row tile added ~13 µs to an xshare call, the second launch ~3 µs).  One program's tiles
+    are no taller than the call (a 16-row tile at T=1 did the work of 16 rows).
+    """
     block_experts = max(16, _next_pow2(num_experts))
     tile_rows = max(1, min(16, 2048 // block_experts))  # keep a tile near 2048 elements
     rows = max(num_tokens, 1)
     if per_request:
-        chunk = min(tile_rows, _next_pow2(tokens_per_request))
         num_requests = max(1, -(-num_tokens // tokens_per_request))
         requests_per_program = -(-num_requests // MAX_PARTS)
-        if num_tokens <= single_program_tokens:
-            requests_per_program = num_requests
         num_parts = -(-num_requests // requests_per_program)
         rows_per_program = requests_per_program * tokens_per_request
         rows_per_request = tokens_per_request
     else:
-        chunk = tile_rows
-        if num_tokens <= single_program_tokens:
-            rows_per_program = -(-rows // tile_rows) * tile_rows
-        else:
-            rows_per_program = max(tile_rows, -(-rows // MAX_PARTS))
-            rows_per_program = -(-rows_per_program // tile_rows) * tile_rows
+        rows_per_program = max(tile_rows, -(-rows // MAX_PARTS))
+        rows_per_program = -(-rows_per_program // tile_rows) * tile_rows
         num_parts = max(1, -(-num_tokens // rows_per_program))
+    if num_parts == 1:
+        tile_rows = min(tile_rows, _next_pow2(rows))
+        if not per_request:
+            rows_per_program = -(-rows // tile_rows) * tile_rows
+    if not per_request:
         rows_per_request = rows_per_program
+    chunk = min(tile_rows, _next_pow2(tokens_per_request)) if per_request else tile_rows
     route_programs = 0 if num_parts == 1 else -(-num_tokens // tile_rows)
     return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile_rows, route_programs)
 
@@ -265,7 +262,7 @@ def _launch(
             f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {logits.device}"
         )
     policy = _policy_args(cfg, call)
-    per_request = _per_request(cfg)
+    per_request = per_request_policy(cfg)
     plan = plan_launch(num_tokens, num_experts, call.tokens_per_request, per_request)
     num_valid_tokens = call.num_valid_tokens
     nv_tensor = isinstance(num_valid_tokens, torch.Tensor)

@@ -274,7 +274,11 @@ def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens
     assert plan.single == (num_tokens <= (tokens_per_request if spec else base_tile)), plan
     if plan.single:
         assert plan.route_programs == 0 and plan.route_rows <= max(1, 2 * num_tokens - 1)
-        assert plan.chunk_rows <= plan.route_rows
+    if spec:
+        # a request is read in power-of-two tiles of at most D rows, rounded up
+        assert plan.chunk_rows <= 1 << max(0, (tokens_per_request - 1).bit_length())
+    else:
+        assert plan.chunk_rows == plan.route_rows
     if not plan.single:
         assert plan.route_programs * plan.route_rows >= num_tokens > (plan.route_programs - 1) * plan.route_rows
 

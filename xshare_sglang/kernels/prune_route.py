@@ -127,6 +127,8 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
     """
     block_experts = max(16, _next_pow2(num_experts))
     tile_rows = max(1, min(16, 2048 // block_experts))  # keep a tile near 2048 elements
+    # a request's rows are read in tiles of at most D rows (a request shorter than D is padding)
+    chunk = min(tile_rows, _next_pow2(tokens_per_request)) if per_request else tile_rows
     rows = max(num_tokens, 1)
     if per_request:
         num_requests = max(1, -(-num_tokens // tokens_per_request))
@@ -141,10 +143,10 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
     if num_parts == 1:
         tile_rows = min(tile_rows, _next_pow2(rows))
         if not per_request:
+            chunk = tile_rows
             rows_per_program = -(-rows // tile_rows) * tile_rows
     if not per_request:
         rows_per_request = rows_per_program
-    chunk = min(tile_rows, _next_pow2(tokens_per_request)) if per_request else tile_rows
     route_programs = 0 if num_parts == 1 else -(-num_tokens // tile_rows)
     return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile_rows, route_programs)
 

@@ -45,10 +45,14 @@ def test_bench_selection_smoke(tmp_path) -> None:
     # every policy at both token counts on a plain softmax router and a grouped, biased, scaled sigmoid one
     expected = [(m, t, p) for m in ("tiny", "tiny-grouped") for t in (1, 40) for p in SELECTION_POLICIES]
     assert sorted((r["model"], r["T"], r["policy"]) for r in rows) == sorted(expected)
+    from xshare_sglang.kernels import plan_launch
+
     for r in rows:
-        # one launch while the call fits one program, the selection then the routing above that
-        assert r["launches"] == (1 if r["T"] <= 32 else 2), r
-        assert r["kernels"] == ("select_kernel" if r["T"] <= 32 else "select_kernel+route_kernel"), r
+        # one launch while the call is one tile (or one request), the selection then the routing above
+        single = plan_launch(r["T"], r["E"], r["D"], r["D"] > 1).single
+        assert single == (r["T"] == 1), r  # T=1 is one tile, T=40 never is
+        assert r["launches"] == (1 if single else 2), r
+        assert r["kernels"] == ("select_kernel" if single else "select_kernel+route_kernel"), r
         assert r["ids_equal"] and r["weights_close"] and r["eager_alloc_bytes"] == 0, r
         assert r["checks_ok"] and r["goal_met"] is None  # CPU times are not judged
         assert r["D"] == (4 if r["policy"] in ("xshare-spec", "moe-spec-request") else 1)

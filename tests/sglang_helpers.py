@@ -32,6 +32,25 @@ def apply_echo_hooks() -> None:
     assert liveness.unhooked(hooks.ECHO_HOOKS) == []
 
 
+def deepseek_topk_config(*, top_k: int, layer_id: int, correction_bias: torch.Tensor, **fields):
+    """SGLang's ``TopKConfig`` of a DeepSeek-V3 router: sigmoid scores plus a correction bias, 8 expert
+    groups of which the best 4 are kept, routed scaling 2.5 (``fields`` adds or overrides)."""
+    from sglang.srt.layers.moe.topk import TopKConfig
+
+    settings = dict(
+        top_k=top_k,
+        renormalize=True,
+        scoring_func="sigmoid",
+        use_grouped_topk=True,
+        num_expert_group=8,
+        topk_group=4,
+        correction_bias=correction_bias,
+        routed_scaling_factor=2.5,
+        layer_id=layer_id,
+    )
+    return TopKConfig(**(settings | fields))
+
+
 def sglang_select_experts(config, logits: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(topk_ids, topk_weights)`` of SGLang's own ``select_experts`` on ``logits`` (hooked when the
     plugin's routing hooks are applied and a runtime is published); the input is not modified."""

@@ -55,18 +55,25 @@ def test_stash_replays_in_a_cuda_graph(tmp_path) -> None:
         assert torch.equal(got.scores, want.scores.float()) and torch.equal(got.parents, want.parents)
 
 
-def test_a_scheduling_step_never_synchronises(tmp_path) -> None:
+def warm_scheduler(tmp_path, batch: int, device: str):
+    """A calibrated ECHO runtime with its buffers reserved and one scheduling step run (the warm-up a
+    server does before capture); returns it, the top-scores index of a step, and the stashed lists."""
     from xshare_sglang.sglang_plugin.echo_runtime import EchoRuntime
 
     path = tmp_path / "c.json"
     EchoCalibration(num_steps=STEPS, topk=TOPK, num_draft_tokens=DRAFT_TOKENS, gates={1: 0.5, STEPS: 0.05}).save(path)
     runtime = EchoRuntime(EchoSettings(calibration=str(path), budget=5.0))
-    batch = 8
-    runtime.reserve(batch, STEPS, TOPK, "cuda")
-    lists = _lists(batch, seed=7)
+    runtime.reserve(batch, STEPS, TOPK, device)
+    lists = _lists(batch, seed=7, device=device)
     runtime.stash(*lists)
-    index = torch.zeros(batch, DRAFT_TOKENS - 1, dtype=torch.int64, device="cuda")
-    runtime.plan(batch, num_steps=STEPS, topk=TOPK, num_draft_tokens=DRAFT_TOKENS, top_scores_index=index)  # warm-up
+    index = torch.zeros(batch, DRAFT_TOKENS - 1, dtype=torch.int64, device=device)
+    runtime.plan(batch, num_steps=STEPS, topk=TOPK, num_draft_tokens=DRAFT_TOKENS, top_scores_index=index)
+    return runtime, index, lists
+
+
+def test_a_scheduling_step_never_synchronises(tmp_path) -> None:
+    batch = 8
+    runtime, index, lists = warm_scheduler(tmp_path, batch, "cuda")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -197,20 +197,12 @@ def test_policy_reference_path_never_synchronises(name, router_name, tmp_path) -
 def _topk_configs():
     from sglang.srt.layers.moe.topk import TopKConfig
 
+    from tests.sglang_helpers import deepseek_topk_config
+
     bias = torch.randn(NUM_EXPERTS, generator=torch.Generator().manual_seed(5)) * 0.1
     return {
         "fused-softmax": TopKConfig(top_k=TOP_K, renormalize=True, scoring_func="softmax", layer_id=0),
-        "fused-grouped": TopKConfig(
-            top_k=TOP_K,
-            renormalize=True,
-            scoring_func="sigmoid",
-            use_grouped_topk=True,
-            num_expert_group=8,
-            topk_group=4,
-            correction_bias=bias,
-            routed_scaling_factor=2.5,
-            layer_id=1,
-        ),
+        "fused-grouped": deepseek_topk_config(top_k=TOP_K, layer_id=1, correction_bias=bias),
         "masked-custom": TopKConfig(
             top_k=TOP_K, renormalize=True, scoring_func="softmax", custom_routing_function=lambda *a: None, layer_id=2
         ),
@@ -272,19 +264,11 @@ def test_runtime_eager_path_never_synchronises(pruner, phase) -> None:
 
 def test_echo_scheduling_step_never_synchronises(tmp_path) -> None:
     """Stash, confidence, schedule, node allocation, verify slots and the tree cut of one step."""
-    from tests.test_echo_gpu import DRAFT_TOKENS, STEPS, TOPK, _lists
-    from xshare_sglang.sglang_plugin.echo_runtime import EchoRuntime
-    from xshare_sglang.spec.echo import EchoCalibration, cut_tree
-    from xshare_sglang.spec.echo.settings import EchoSettings
+    from tests.test_echo_gpu import DRAFT_TOKENS, STEPS, TOPK, _lists, warm_scheduler
+    from xshare_sglang.spec.echo import cut_tree
 
-    path = tmp_path / "c.json"
-    EchoCalibration(num_steps=STEPS, topk=TOPK, num_draft_tokens=DRAFT_TOKENS, gates={1: 0.5, STEPS: 0.05}).save(path)
-    runtime = EchoRuntime(EchoSettings(calibration=str(path), budget=5.0))
     batch = 8
-    runtime.reserve(batch, STEPS, TOPK, "cpu")
-    index = torch.zeros(batch, DRAFT_TOKENS - 1, dtype=torch.int64)
-    runtime.stash(*_lists(batch, seed=7, device="cpu"))
-    runtime.plan(batch, num_steps=STEPS, topk=TOPK, num_draft_tokens=DRAFT_TOKENS, top_scores_index=index)  # warm
+    runtime, index, _ = warm_scheduler(tmp_path, batch, "cpu")
     lists = _lists(batch, seed=8, device="cpu")
     with HostSyncDetector() as detector:
         runtime.stash(*lists)

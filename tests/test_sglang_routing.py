@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.sglang_helpers import sglang_select_experts
+from tests.sglang_helpers import deepseek_topk_config, sglang_select_experts
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.policies.rewrite import RETAINED_ONE
 from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
@@ -37,18 +37,7 @@ def _configs():
     return {
         "qwen3": TopKConfig(top_k=TOP_K, renormalize=True, torch_native=True, scoring_func="softmax", layer_id=0),
         "qwen3_raw": TopKConfig(top_k=TOP_K, renormalize=False, torch_native=True, scoring_func="softmax", layer_id=1),
-        "deepseek": TopKConfig(
-            top_k=TOP_K,
-            renormalize=True,
-            torch_native=True,
-            scoring_func="sigmoid",
-            use_grouped_topk=True,
-            num_expert_group=8,
-            topk_group=4,
-            correction_bias=bias,
-            routed_scaling_factor=2.5,
-            layer_id=2,
-        ),
+        "deepseek": deepseek_topk_config(top_k=TOP_K, layer_id=2, correction_bias=bias, torch_native=True),
         "draft": TopKConfig(top_k=TOP_K, renormalize=True, torch_native=True, scoring_func="softmax", layer_id=0),
     }
 

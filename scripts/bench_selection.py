@@ -312,7 +312,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         check["ids_equal"]
         and check["weights_close"]
         and check["eager_alloc_bytes"] == 0
-        and launches == (1 if plan.single else 2)
+        and tuple(kernels) == plan.kernels(cfg.policy)
     )
     return {
         "model": sel.model.name,

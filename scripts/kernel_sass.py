@@ -9,8 +9,8 @@ loops one program runs, from the launch arguments:
 * ``tiles``: row tiles one program of the selection reads (phase A), times ``ranks``, the top-k rounds
   ``row_ranks`` runs per tile;
 * ``parts``: partials the last program sums;
-* ``rule``: rounds of the set rule in the last program (greedy picks, pairwise-order chunks, LYNX
-  digit compares and pick tiles, coverage passes);
+* ``rule``: rounds of the set rule in the last program (greedy picks, LYNX digit compares and pick
+  tiles, coverage passes; the order of the experts is one loop-free step);
 * ``route``: routing tiles the single program runs after the selection (one-launch calls), each of
   ``top_k`` argmax rounds.
 
@@ -67,6 +67,9 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     """Serial loop trips of one program, from the launch arguments."""
     if kernel == "route_kernel":
         return {"tiles": "1", "ranks": "-", "parts": "-", "rule": "-", "route": f"1 x {top_k}"}
+    if kernel == "lynx_pick_kernel":
+        parts = named["num_select_parts"] if named["NEED_SCORES"] else "-"
+        return {"tiles": "1", "ranks": "-", "parts": str(parts), "rule": f"1 pick tile x {top_k}", "route": "-"}
     per_program, per_request, chunk = named["rows_per_program"], named["rows_per_request"], named["CHUNK_T"]
     tiles_per_request = -(-per_request // chunk)
     tiles = per_program // per_request * tiles_per_request if named["PER_REQUEST"] else -(-per_program // chunk)
@@ -75,11 +78,11 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     reads_rows = mode not in (jit.MODE_ALL.value, jit.MODE_STATIC.value) or named["NEED_SCORES"]
     ranks = max(named["top_k"], named["k0"]) if named["NEED_SCORES"] and named["SCORE_TOPK"] else named["k0"]
     block_e, pair_chunk = named["BLOCK_E"], named["CHUNK"]
-    pairwise = f"{block_e // pair_chunk} pairwise chunks"
+    pairwise = f"one {block_e}x{block_e} order"  # no loop: every pair in registers at once
     rules = {
         jit.MODE_GREEDY_WARM.value: pairwise,
         jit.MODE_GREEDY_BASE.value: pairwise,
-        jit.MODE_THRESHOLD.value: pairwise,
+        jit.MODE_THRESHOLD.value: f"one sort of {block_e} + scan",
         jit.MODE_RANK_ROUNDS.value: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps",
         jit.MODE_TOP_AGG.value: pairwise,
         jit.MODE_COACT.value: f"{named['count']} greedy picks",
@@ -88,7 +91,9 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     rule = rules.get(mode, "-")
     if named["LYNX"]:
         digits = named["beta"] + 2
-        rule = f"{digits} digits x {block_e // pair_chunk} chunks + {-(-num_tokens // chunk)} pick tiles x {top_k}"
+        rule = f"{digits} digits x {block_e // pair_chunk} chunks"
+        if named["SINGLE"]:
+            rule += f" + {-(-num_tokens // chunk)} pick tiles x {top_k}"
     if named["PER_REQUEST"]:
         rule += f"; {named['request_budget']} picks per request"
     route = f"{-(-num_tokens // named['ROUTE_T'])} x {top_k}" if named["SINGLE"] and named["ROUTE"] else "-"

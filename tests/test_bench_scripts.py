@@ -51,8 +51,10 @@ def test_bench_selection_smoke(tmp_path) -> None:
         # one launch while the call is one tile (or one request), the selection then the routing above
         single = plan_launch(r["T"], r["E"], r["D"], r["D"] > 1).single
         assert single == (r["T"] == 1), r  # T=1 is one tile, T=40 never is
-        assert r["launches"] == (1 if single else 2), r
-        assert r["kernels"] == ("select_kernel" if single else "select_kernel+route_kernel"), r
+        lynx_picks = ["lynx_pick_kernel"] if r["policy"] == "lynx" else []
+        want = ["select_kernel"] if single else ["select_kernel", *lynx_picks, "route_kernel"]
+        assert r["launches"] == len(want), r
+        assert r["kernels"] == "+".join(want), r
         assert r["ids_equal"] and r["weights_close"] and r["eager_alloc_bytes"] == 0, r
         assert r["checks_ok"] and r["goal_met"] is None  # CPU times are not judged
         assert r["D"] == (4 if r["policy"] in ("xshare-spec", "moe-spec-request") else 1)

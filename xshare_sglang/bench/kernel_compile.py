@@ -17,6 +17,7 @@ import importlib
 import re
 from dataclasses import dataclass
 
+KERNELS = ("select_kernel", "lynx_pick_kernel", "route_kernel")  # in launch order
 PTX_OPS = ("div.full.f32", "div.approx.f32", "div.approx.ftz.f32", "div.rn.f32")
 
 
@@ -38,15 +39,17 @@ def capture_launches(call, cfg, **prune_route_kwargs) -> dict[str, tuple]:
     ``{kernel name: (grid, args, kwargs)}``.  ``call`` holds CPU tensors."""
     wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
     jit = importlib.import_module("xshare_sglang.kernels._prune_route")
-    real = {"select_kernel": jit.select_kernel, "route_kernel": jit.route_kernel}
+    real = {name: getattr(jit, name) for name in KERNELS}
     captured: dict = {}
     interpreting = wrapper._interpreting
     wrapper._interpreting = lambda: True  # CPU tensors reach the launch code
-    jit.select_kernel, jit.route_kernel = (_Recorder(name, captured) for name in real)
+    for name in KERNELS:
+        setattr(jit, name, _Recorder(name, captured))
     try:
         wrapper.prune_route(call, cfg, **prune_route_kwargs)
     finally:
-        jit.select_kernel, jit.route_kernel = real["select_kernel"], real["route_kernel"]
+        for name, kernel in real.items():
+            setattr(jit, name, kernel)
         wrapper._interpreting = interpreting
     return captured
 

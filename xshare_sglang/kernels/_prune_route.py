@@ -1,6 +1,6 @@
 """Triton kernels of ``prune_route``: keep mask and pruned routing of one MoE layer call (jit only).
 
-Two kernels, launched from ``prune_route.py``:
+Three kernels, launched from ``prune_route.py``:
 
 1. ``select_kernel`` - grid of P programs over the tokens.  Each program reads its rows once and
    writes per-program partials (aggregate scores, warm-up sets, per-request sets, LYNX bin counts)
@@ -11,30 +11,61 @@ Two kernels, launched from ``prune_route.py``:
    an aborted launch, or by any other writer, can then never stop a later call from finding its
    last program).  With P = 1 (``SINGLE``) there is no ticket, and the same program then
    routes every row itself: one launch for the whole layer call.
-2. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
+2. ``lynx_pick_kernel`` - LYNX with P > 1 only: the selection's last program ranks the experts by
+   their LYNX sums and stops; this kernel takes every row's picks in parallel (one tile per program)
+   and its last program finishes the mask.
+3. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
    the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, the
    programs mark the experts they route to, and the last one counts them.
 
+Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the machine-code counts):
+
+* The order of the experts in the set rules (``places``; top-aggregate, greedy budget, expert-parallel
+  rounds and the ``max_experts`` cap) was a loop over chunks of 32 experts, each comparing against
+  every expert after a round trip through global memory.  It is now one [E, E] comparison of packed
+  keys in registers and one column sum.  Exact: the key ``agg << 10 | (1023 - e)`` orders (agg desc,
+  index asc) with one integer comparison, as the reference's stable sort does.
+* The threshold rule's mass-before-each-expert (``prefix_keep``) was the same loop with a second sum.
+  It is now one bitonic sort of the packed keys (``tl.sort``) and one running sum (``tl.cumsum``).
+  Exact: integer sums do not depend on their order, and the taken experts are a prefix of the sorted
+  order, so the last taken key marks them all.
+* The fixed-point scores divided every element of a tile by its row total in int64 (a subroutine of
+  ~85 instructions per element).  ``share_of_row`` takes one float64 reciprocal per row and corrects
+  the float64 quotient by its integer remainder (``floor_div``).  Exact: numerator and denominator are
+  exact in float64, the quotient is off by less than one, and one remainder test fixes it.  LYNX's
+  base-T digits use the same division.
+* LYNX took every row's picks in the last program (linear in T); with P > 1 they run in
+  ``lynx_pick_kernel``, one tile per program.
+* Argmax rounds over a row (the warm-up ranks, the routing top-k, LYNX picks) compare int32 keys when
+  the logits are bfloat16 or float16 (``pack_key``): half the shuffles of an int64 reduction.  Exact:
+  a 16-bit float's value in float32 has its low mantissa bits zero, so the shifted ordered bits of two
+  distinct values differ and keep their order; a sanitized +inf gets the rank of +inf.
+* One program no longer walks several row tiles or requests (``plan_launch`` spreads them over
+  programs) and its tiles are no taller than the call.
+
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
 aggregates and thresholds, and every division that feeds a mask or a metric correctly rounded with
-``tl.math.div_rn``: a plain ``/`` compiles to an approximate division on CUDA); the routing weights
-use the hardware ``exp`` and ``/`` and match the reference within a stated tolerance.  Kernels must
-be launched with ``enable_fp_fusion=False`` so no multiply and add are fused into one rounding.
-Orders over experts use int64 keys that pack an order-preserving copy of a float32 value with the
-inverted expert index, so one max reduction finds the highest value with ties to the lower index.
+``tl.math.div_rn`` or exact in integers: a plain ``/`` compiles to an approximate division on CUDA);
+the routing weights use the hardware ``exp`` and ``/`` and match the reference within a stated
+tolerance.  Kernels must be launched with ``enable_fp_fusion=False`` so no multiply and add are fused
+into one rounding.  Orders over experts use integer keys that pack an order-preserving copy of the
+value with the inverted expert index, so one max reduction finds the highest value with ties to the
+lower index.
 """
 
 import triton
 import triton.language as tl
 
 FP32_MAX = tl.constexpr(3.4028234663852886e38)
-MIN_KEY = tl.constexpr(-(2**62))  # below every packed key
+MIN_KEY = tl.constexpr(-(2**62))  # below every packed int64 key
+MIN_KEY32 = tl.constexpr(-(2**31))  # below every packed int32 key
+INF_ORDERED = tl.constexpr(0x7F800000)  # ordered bits of +inf: the rank of a sanitized +inf logit
 ID_BITS = tl.constexpr(10)  # packed keys hold expert ids < 1024
 ID_MASK = tl.constexpr(1023)
 SCORE_BITS = tl.constexpr(24)
 SCORE_ONE = tl.constexpr(16777216.0)  # 2**24
 UNIT_ONE = tl.constexpr(1073741824.0)  # 2**30
-WARM_FIRST = tl.constexpr(2**62)  # cap key: warm-up experts ahead of any aggregate
+WARM_FIRST = tl.constexpr(2**52)  # cap key: warm-up experts ahead of any aggregate (< 2**47)
 
 # exp32 constants: identical to policies.scores
 EXP_LOW = tl.constexpr(-87.0)
@@ -107,10 +138,31 @@ def unordered_value(ordered):
 
 
 @triton.jit
-def pack_key(v, e, ok):
-    """int64 key: float32 ``v`` high, ``1023 - e`` low; ``MIN_KEY`` where not ``ok``."""
-    key = (ordered_bits(v).to(tl.int64) << ID_BITS) | (e.to(tl.int64) ^ ID_MASK)
-    return tl.where(ok, key, MIN_KEY)
+def pack_key(v, e, ok, KEY_SHIFT: tl.constexpr):
+    """Key of the order (value desc, index asc): ``v`` high, ``1023 - e`` low, the lowest key of its
+    type where not ``ok``.
+
+    ``KEY_SHIFT = 0``: int64, any float32 ``v``.  ``KEY_SHIFT = 16`` (bfloat16 logits) or ``13``
+    (float16): int32, for ``v`` that hold a 16-bit float's value (the float32 bits below the 16-bit
+    mantissa are zero), or ``FP32_MAX`` (a sanitized +inf), which ranks above every finite 16-bit value
+    as in float32.  The shifted ordered bits of distinct 16-bit values are distinct and keep their
+    order, so an int32 key ranks exactly as the int64 key would, with half the work per comparison.
+    """
+    if KEY_SHIFT == 0:
+        key = (ordered_bits(v).to(tl.int64) << ID_BITS) | (e.to(tl.int64) ^ ID_MASK)
+        return tl.where(ok, key, MIN_KEY)
+    else:
+        high = tl.where(v == FP32_MAX, INF_ORDERED >> KEY_SHIFT, ordered_bits(v) >> KEY_SHIFT)
+        return tl.where(ok, (high << ID_BITS) | (e ^ ID_MASK), MIN_KEY32)
+
+
+@triton.jit
+def lowest_key(KEY_SHIFT: tl.constexpr):
+    """The key below every packed key of this width (:func:`pack_key`)."""
+    if KEY_SHIFT == 0:
+        return MIN_KEY
+    else:
+        return MIN_KEY32
 
 
 @triton.jit
@@ -125,14 +177,32 @@ def key_value(key):
 
 
 @triton.jit
+def floor_div(num, den):
+    """Exact ``num // den`` for int64 ``0 <= num < 2**55`` and ``0 < den < 2**53`` (broadcast), without
+    an int64 division: a float64 quotient is within 2**-28 of the true one (both operands exact in
+    float64, two roundings), so its floor is off by at most one, and the remainder corrects it."""
+    q = tl.floor(num.to(tl.float64) * (1.0 / den.to(tl.float64))).to(tl.int64)
+    rem = num - q * den
+    return q + (rem >= den).to(tl.int64) - (rem < 0).to(tl.int64)
+
+
+@triton.jit
+def share_of_row(units):
+    """``(units << 24) // sum(units)`` per row of a [rows, E] int64 tile (0 for a row summing to 0);
+    units <= 2**30, so the quotient is at most 2**24.  One reciprocal per row, none per element."""
+    total = tl.sum(units, axis=1)
+    q = floor_div(units << SCORE_BITS, tl.maximum(total, 1)[:, None])
+    return tl.where(total[:, None] > 0, q, 0)
+
+
+@triton.jit
 def fixed_scores(x, member, wq, SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr, HAS_WEIGHTS: tl.constexpr):
     """policies.scores.token_scores (times the fixed-point row weights) for a [rows, E] tile, int64."""
     if SIGMOID:
         s = sigmoid32(x)
         if RENORMALIZE:
             units = tl.where(member, tl.floor(s * UNIT_ONE).to(tl.int64), 0)
-            total = tl.sum(units, axis=1)
-            q = tl.where(total[:, None] > 0, (units << SCORE_BITS) // tl.maximum(total, 1)[:, None], 0)
+            q = share_of_row(units)
         else:
             q = tl.where(member, tl.floor(s * SCORE_ONE).to(tl.int64), 0)
     else:
@@ -140,8 +210,7 @@ def fixed_scores(x, member, wq, SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr
         top = tl.max(masked, axis=1)
         top = tl.where(top > float("-inf"), top, 0.0)
         units = tl.where(member, tl.floor(exp32(masked - top[:, None]) * UNIT_ONE).to(tl.int64), 0)
-        total = tl.sum(units, axis=1)
-        q = tl.where(total[:, None] > 0, (units << SCORE_BITS) // tl.maximum(total, 1)[:, None], 0)
+        q = share_of_row(units)
     if HAS_WEIGHTS:
         q = (q * wq[:, None]) >> SCORE_BITS
     return q
@@ -204,16 +273,17 @@ def load_rows(
 
 
 @triton.jit
-def row_ranks(key, n_iter):
+def row_ranks(key, n_iter, KEY_SHIFT: tl.constexpr):
     """Place of each expert in its row's key order for the first ``n_iter`` places (``n_iter`` for
-    the rest and for ``MIN_KEY`` entries), int32."""
+    the rest and for unset keys), int32."""
+    lowest = lowest_key(KEY_SHIFT)
     rank = tl.zeros(key.shape, tl.int32) + n_iter
     work = key
     for i in range(0, n_iter):
         best = tl.max(work, axis=1)
-        chosen = (work == best[:, None]) & (best[:, None] > MIN_KEY)
+        chosen = (work == best[:, None]) & (best[:, None] > lowest)
         rank = tl.where(chosen, i, rank)
-        work = tl.where(chosen, MIN_KEY, work)
+        work = tl.where(chosen, lowest, work)
     return rank
 
 
@@ -246,41 +316,38 @@ def lynx_depths(x, alpha, beta):
 
 # --------------------------------------------------------------------------- phase B helpers
 @triton.jit
-def pairwise_before(
-    prim_ptr,
-    flag_ptr,
-    group_ptr,
-    mass_ptr,
-    prim_e,
-    group_e,
-    e,
-    num_experts,
-    USE_GROUP: tl.constexpr,
-    WANT_MASS: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    CHUNK: tl.constexpr,
-):
-    """For every expert e: how many flagged experts j (of e's group, if asked) come before it in the
-    order (prim desc, index asc), and the sum of their ``mass``.  Reads prim/flag/mass from memory."""
-    count = tl.zeros([BLOCK_E], tl.int32)
-    mass = tl.zeros([BLOCK_E], tl.int64)
-    for j0 in range(0, BLOCK_E, CHUNK):
-        j = j0 + tl.arange(0, CHUNK)
-        j_ok = j < num_experts
-        prim_j = tl.load(prim_ptr + j, mask=j_ok, other=0)
-        flag_j = tl.load(flag_ptr + j, mask=j_ok, other=0) != 0
-        before = (prim_j[:, None] > prim_e[None, :]) | (
-            (prim_j[:, None] == prim_e[None, :]) & (j[:, None] < e[None, :])
-        )
-        before = before & flag_j[:, None]
-        if USE_GROUP:
-            group_j = tl.load(group_ptr + j, mask=j_ok, other=-1).to(tl.int64)
-            before = before & (group_j[:, None] == group_e[None, :])
-        count += tl.sum(before.to(tl.int32), axis=0)
-        if WANT_MASS:
-            mass_j = tl.load(mass_ptr + j, mask=j_ok, other=0)
-            mass += tl.sum(tl.where(before, mass_j[:, None], 0), axis=0)
-    return count, mass
+def order_key(prim, e, flag):
+    """int64 key of the order (prim desc, index asc) for ``0 <= prim < 2**53``: ``prim`` high, the
+    inverted expert index low, so one integer comparison decides; ``MIN_KEY`` where not ``flag``."""
+    return tl.where(flag, (prim << ID_BITS) | (e ^ ID_MASK), MIN_KEY)
+
+
+@triton.jit
+def places(prim, flag, e, e_ok, group, USE_GROUP: tl.constexpr):
+    """For every expert: how many flagged experts (of its group, with ``USE_GROUP``) come before it in
+    the order (prim desc, index asc), int32.  All pairs at once in registers: one [E, E] comparison of
+    packed keys and one sum down the columns (the compiler moves the vector across threads once)."""
+    key_e = order_key(prim, e, e_ok)
+    key_j = order_key(prim, e, flag & e_ok)
+    before = key_j[:, None] > key_e[None, :]
+    if USE_GROUP:
+        before = before & (group[:, None] == group[None, :])
+    return tl.sum(before.to(tl.int32), axis=0)
+
+
+@triton.jit
+def prefix_keep(prim, flag, e, kept_mass, needed):
+    """Flagged experts taken in the order (prim desc, index asc) while the mass before each, plus
+    ``kept_mass``, is below ``needed`` (the ``prim`` are the masses).  One sort of the packed keys,
+    one running sum over the sorted masses; the taken ones are a prefix, so a key comparison with the
+    last taken key marks them."""
+    key = order_key(prim, e, flag)
+    ranked = tl.sort(key, descending=True)
+    mass = tl.where(ranked > MIN_KEY, ranked >> ID_BITS, 0)
+    before = tl.cumsum(mass, axis=0) - mass
+    taken = tl.sum(((ranked > MIN_KEY) & (kept_mass + before < needed)).to(tl.int32), axis=0)
+    last = tl.max(tl.where(e == taken - 1, ranked, MIN_KEY), axis=0)
+    return flag & (taken > 0) & (key >= last)
 
 
 @triton.jit
@@ -308,8 +375,8 @@ def lynx_s_ranks(
     carry = tl.zeros([BLOCK_E], tl.int64)
     for i in range(0, beta + 1):
         value = tl.sum(tl.where(bin_id[None, :] == beta - i, counts, 0), axis=1) + carry
-        tl.store(digits_ptr + e * BLOCK_BINS + i, value % base, mask=e_ok)
-        carry = value // base
+        carry = floor_div(value, base)
+        tl.store(digits_ptr + e * BLOCK_BINS + i, value - carry * base, mask=e_ok)
     tl.store(digits_ptr + e * BLOCK_BINS + beta + 1, carry, mask=e_ok)
     tl.debug_barrier()
     larger = tl.zeros([BLOCK_E], tl.int32)
@@ -333,7 +400,8 @@ def lynx_picks(
     logits_ptr,
     stride_t,
     stride_e,
-    num_tokens,
+    first_row,
+    end_row,
     n_valid,
     weights_ptr,
     s_rank,
@@ -343,26 +411,28 @@ def lynx_picks(
     alpha,
     beta,
     HAS_WEIGHTS: tl.constexpr,
+    KEY_SHIFT: tl.constexpr,
     BLOCK_E: tl.constexpr,
     CHUNK_T: tl.constexpr,
 ):
-    """Union of every voting token's LYNX picks: top_k by (bin desc, s desc, logit desc, index asc)."""
+    """Union of the LYNX picks of the voting rows in [first_row, end_row): each row's top_k by (bin
+    desc, s desc, logit desc, index asc)."""
     picked_any = tl.zeros([BLOCK_E], tl.int32)
-    for c in range(0, num_tokens, CHUNK_T):
+    for c in range(first_row, end_row, CHUNK_T):
         rows = c + tl.arange(0, CHUNK_T)
         x, row_ok, _ = load_rows(
-            logits_ptr, stride_t, stride_e, rows, rows < num_tokens, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
+            logits_ptr, stride_t, stride_e, rows, rows < end_row, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
         )
         depth = lynx_depths(x, alpha, beta)
         open_ = (x > float("-inf")) & row_ok[:, None] & e_ok[None, :]
         # (bin desc, s desc) as one integer, then (logit desc, index asc) as a packed key
         coarse = (beta - depth).to(tl.int64) * BLOCK_E + s_rank[None, :].to(tl.int64)
-        fine = pack_key(x, e[None, :], open_)
+        fine = pack_key(x, e[None, :], open_, KEY_SHIFT)
         picked = tl.zeros(x.shape, tl.int32)
         for _ in range(0, top_k):
             best_coarse = tl.max(tl.where(open_, coarse, -1), axis=1)
             tie = open_ & (coarse == best_coarse[:, None])
-            best_fine = tl.max(tl.where(tie, fine, MIN_KEY), axis=1)
+            best_fine = tl.max(tl.where(tie, fine, lowest_key(KEY_SHIFT)), axis=1)
             chosen = tie & (fine == best_fine[:, None])
             picked = tl.where(chosen, 1, picked)
             open_ = open_ & (~chosen)
@@ -404,6 +474,7 @@ def route_block(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    KEY_SHIFT: tl.constexpr,
 ):
     """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to."""
     x, _, _ = load_rows(logits_ptr, stride_t, stride_e, rows, rows_in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS)
@@ -419,7 +490,8 @@ def route_block(
         value = sigmoid32(x) + bias[None, :]
     else:
         value = x
-    key = pack_key(value, e[None, :], candidates)
+    key = pack_key(value, e[None, :], candidates, KEY_SHIFT)
+    lowest = lowest_key(KEY_SHIFT)
     if GROUPED:
         # rank the groups that hold a candidate; keep the best topk_group of them
         group_of = e // group_size
@@ -427,20 +499,20 @@ def route_block(
         group_key = tl.zeros([x.shape[0], BLOCK_G], tl.int64) + MIN_KEY
         for g in range(0, num_groups):
             in_group = (group_of == g)[None, :] & candidates
-            k1 = tl.max(tl.where(in_group, key, MIN_KEY), axis=1)
+            k1 = tl.max(tl.where(in_group, key, lowest), axis=1)
             count = tl.sum(in_group.to(tl.int32), axis=1)
             if HAS_BIAS:
                 k2 = tl.max(tl.where(in_group & (key != k1[:, None]), key, MIN_KEY), axis=1)
                 score = tl.where(count >= 2, key_value(k1) + key_value(k2), key_value(k1))
                 primary = tl.minimum(count, 2)
+                order = ordered_bits(score + 0.0).to(tl.int64)
             else:
-                score = key_value(k1)
                 primary = tl.minimum(count, 1)
-            packed = (
-                (primary.to(tl.int64) << 42)
-                | ((ordered_bits(score + 0.0).to(tl.int64) + (1 << 31)) << ID_BITS)
-                | (1023 - g)
-            )
+                if KEY_SHIFT == 0:
+                    order = ordered_bits(key_value(k1) + 0.0).to(tl.int64)
+                else:
+                    order = (k1 >> ID_BITS).to(tl.int64)  # the same order as the value's bits
+            packed = (primary.to(tl.int64) << 42) | ((order + (1 << 31)) << ID_BITS) | (1023 - g)
             packed = tl.where(count > 0, packed, MIN_KEY)
             group_key = tl.where(g_col[None, :] == g, packed[:, None], group_key)
         chosen_groups = tl.zeros([x.shape[0], BLOCK_G], tl.int32)
@@ -453,7 +525,7 @@ def route_block(
         for g in range(0, BLOCK_G):
             flag = tl.sum(tl.where(g_col[None, :] == g, chosen_groups, 0), axis=1)
             in_chosen = tl.where((group_of == g)[None, :] & (flag[:, None] != 0), 1, in_chosen)
-        key = tl.where(in_chosen != 0, key, MIN_KEY)
+        key = tl.where(in_chosen != 0, key, lowest)
     # raw weights: softmax terms over the candidates, or sigmoids
     if SIGMOID:
         raw = 1.0 / (1.0 + tl.exp(-x))
@@ -469,8 +541,8 @@ def route_block(
     picked = tl.zeros(x.shape, tl.int32)
     for i in range(0, top_k):
         best = tl.max(key, axis=1)
-        chosen = (key == best[:, None]) & (best[:, None] > MIN_KEY)
-        got = best > MIN_KEY
+        chosen = (key == best[:, None]) & (best[:, None] > lowest)
+        got = best > lowest
         w_i = tl.sum(tl.where(chosen, raw, 0.0), axis=1)
         if TRUNCATION:
             kept_pick = tl.sum(tl.where(chosen & keep[None, :], 1, 0), axis=1) != 0
@@ -479,7 +551,7 @@ def route_block(
         ids = tl.where((slot[None, :] == i) & kept_pick[:, None], key_expert(best)[:, None], ids)
         wts = tl.where((slot[None, :] == i) & got[:, None], w_i[:, None], wts)
         picked = tl.where(chosen & (kept_pick[:, None]), 1, picked)
-        key = tl.where(chosen, MIN_KEY, key)
+        key = tl.where(chosen, lowest, key)
     if RENORMALIZE:
         denominator = tl.sum(wts, axis=1)
     # routing weights: a plain (approximate) division, within the stated tolerance of the reference
@@ -518,6 +590,51 @@ def route_block(
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
+def finish_keep(
+    keep,
+    warm_b,
+    agg,
+    e,
+    e_ok,
+    n_valid,
+    cap,
+    min_tokens,
+    max_tokens,
+    keep_ptr,
+    metrics_ptr,
+    stats_ptr,
+    HAS_CAP: tl.constexpr,
+    HAS_RANGE: tl.constexpr,
+    HAS_METRICS: tl.constexpr,
+    HAS_STATS: tl.constexpr,
+):
+    """The end of every set rule: the ``max_experts`` cap (warm-up experts first, then by aggregate),
+    the token range, then store the mask, the score stats and the per-call metrics.  Returns keep."""
+    if HAS_CAP:
+        cap_key = warm_b.to(tl.int64) * WARM_FIRST + agg
+        place = places(cap_key, keep, e, e_ok, e, False)
+        keep = keep & (place < cap)
+    if HAS_RANGE:
+        in_range = (n_valid >= min_tokens) & (n_valid <= max_tokens)
+        keep = tl.where(in_range, keep, e_ok)
+    keep = keep & e_ok
+    tl.store(keep_ptr + e, keep, mask=e_ok)
+    if HAS_STATS:
+        tl.store(stats_ptr, tl.sum(tl.where(keep, agg, 0), axis=0))
+        tl.store(stats_ptr + 1, tl.sum(agg, axis=0))
+    if HAS_METRICS:
+        total = tl.sum(agg, axis=0)
+        kept_total = tl.sum(tl.where(keep, agg, 0), axis=0)
+        # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
+        ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
+        retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
+        tl.store(metrics_ptr + 1, tl.load(metrics_ptr + 1) + tl.sum(keep.to(tl.int64), axis=0))
+        tl.store(metrics_ptr + 2, tl.load(metrics_ptr + 2) + retained)
+        tl.store(metrics_ptr + 3, tl.load(metrics_ptr + 3) + 1)
+    return keep
+
+
+@triton.jit
 def select_kernel(
     logits_ptr,
     stride_t,
@@ -551,9 +668,7 @@ def select_kernel(
     base_part_ptr,
     counts_part_ptr,
     digits_ptr,
-    prim_ptr,
-    flag_ptr,
-    mass_ptr,
+    s_rank_ptr,
     ticket_ptr,
     # outputs
     keep_ptr,
@@ -599,6 +714,8 @@ def select_kernel(
     CHUNK: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     ROUTE_T: tl.constexpr,
+    KEY_SHIFT: tl.constexpr,
+    ROUTE_KEY_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_parts = tl.num_programs(0)
@@ -640,8 +757,8 @@ def select_kernel(
                         in_bin = tl.sum(((depth == j) & row_ok[:, None]).to(tl.int32), axis=0)
                         counts = tl.where(bin_id[None, :] == j, counts + in_bin[:, None], counts)
                 candidate = (x > float("-inf")) & e_ok[None, :]
-                key = pack_key(x, e[None, :], candidate)
-                rank = row_ranks(key, n_iter)
+                key = pack_key(x, e[None, :], candidate, KEY_SHIFT)
+                rank = row_ranks(key, n_iter, KEY_SHIFT)
                 warm_rows = (rank < k0) & row_ok[:, None]
                 warm_r = tl.maximum(warm_r, tl.max(warm_rows.to(tl.int32), axis=0))
                 if NEED_SCORES:
@@ -713,23 +830,34 @@ def select_kernel(
                 BLOCK_BINS,
                 CHUNK,
             )
-            base = lynx_picks(
-                logits_ptr,
-                stride_t,
-                stride_e,
-                num_tokens,
-                n_valid,
-                weights_ptr,
-                s_rank,
-                e,
-                e_ok,
-                top_k,
-                alpha,
-                beta,
-                HAS_WEIGHTS,
-                BLOCK_E,
-                CHUNK_T,
-            )
+            if SINGLE:
+                base = lynx_picks(
+                    logits_ptr,
+                    stride_t,
+                    stride_e,
+                    0,
+                    num_tokens,
+                    n_valid,
+                    weights_ptr,
+                    s_rank,
+                    e,
+                    e_ok,
+                    top_k,
+                    alpha,
+                    beta,
+                    HAS_WEIGHTS,
+                    KEY_SHIFT,
+                    BLOCK_E,
+                    CHUNK_T,
+                )
+            else:
+                # the picks of every row run in parallel in lynx_pick_kernel, which finishes the mask
+                tl.store(s_rank_ptr + e, s_rank, mask=e_ok)
+    if LYNX and not SINGLE:
+        finish = False  # lynx_pick_kernel finishes the mask
+    else:
+        finish = last
+    if finish:
         warm_b = warm != 0
 
         # phase B: the set rule
@@ -779,12 +907,7 @@ def select_kernel(
                 discount = tl.maximum(discount, row.to(tl.int64))
             keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_TOP_AGG:
-            tl.store(prim_ptr + e, agg, mask=e_ok)
-            tl.store(flag_ptr + e, e_ok.to(tl.int8), mask=e_ok)
-            tl.debug_barrier()
-            place, _ = pairwise_before(
-                prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, e, e, num_experts, False, False, BLOCK_E, CHUNK
-            )
+            place = places(agg, e_ok, e, e_ok, e, False)
             keep = e_ok & (place < count) & (n_valid > 0)
         else:
             if MODE == MODE_GREEDY_BASE:
@@ -792,15 +915,9 @@ def select_kernel(
             else:
                 start = warm_b
             candidate = e_ok & (~start) & (agg > 0)
-            tl.store(prim_ptr + e, agg, mask=e_ok)
-            tl.store(flag_ptr + e, candidate.to(tl.int8), mask=e_ok)
-            tl.store(mass_ptr + e, agg, mask=e_ok)
-            tl.debug_barrier()
             if MODE == MODE_RANK_ROUNDS:
-                group_e = tl.load(group_ptr + e, mask=e_ok, other=-1).to(tl.int64)
-                place, _ = pairwise_before(
-                    prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, group_e, e, num_experts, True, False, BLOCK_E, CHUNK
-                )
+                group_e = tl.load(group_ptr + e, mask=e_ok, other=-1)
+                place = places(agg, candidate, e, e_ok, group_e, True)
                 target = rank_budget * (tl.max(tl.where(e_ok, group_e, -1), axis=0) + 1)
                 kept = tl.sum(start.to(tl.int64), axis=0)
                 # fewest rounds R in [0, E] with |start| + #{candidates placed < R} >= target; monotone: bisect
@@ -815,44 +932,30 @@ def select_kernel(
                     lo = tl.where(moving & (~enough), mid + 1, lo)
                 keep = start | (candidate & (place < lo))
             elif MODE == MODE_THRESHOLD:
-                place, before = pairwise_before(
-                    prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, e, e, num_experts, False, True, BLOCK_E, CHUNK
-                )
                 kept_mass = tl.sum(tl.where(start, agg, 0), axis=0)
                 needed = threshold_target(tl.sum(agg, axis=0), tau_q)
-                keep = start | (candidate & (kept_mass + before < needed))
+                keep = start | prefix_keep(agg, candidate, e, kept_mass, needed)
             else:
-                place, _ = pairwise_before(
-                    prim_ptr, flag_ptr, group_ptr, mass_ptr, agg, e, e, num_experts, False, False, BLOCK_E, CHUNK
-                )
+                place = places(agg, candidate, e, e_ok, e, False)
                 keep = start | (candidate & (place < count))
-        if HAS_CAP:
-            tl.debug_barrier()
-            cap_key = warm_b.to(tl.int64) * WARM_FIRST + agg
-            tl.store(prim_ptr + e, cap_key, mask=e_ok)
-            tl.store(flag_ptr + e, keep.to(tl.int8), mask=e_ok)
-            tl.debug_barrier()
-            place, _ = pairwise_before(
-                prim_ptr, flag_ptr, group_ptr, mass_ptr, cap_key, e, e, num_experts, False, False, BLOCK_E, CHUNK
-            )
-            keep = keep & (place < cap)
-        if HAS_RANGE:
-            in_range = (n_valid >= min_tokens) & (n_valid <= max_tokens)
-            keep = tl.where(in_range, keep, e_ok)
-        keep = keep & e_ok
-        tl.store(keep_ptr + e, keep, mask=e_ok)
-        if HAS_STATS:
-            tl.store(stats_ptr, tl.sum(tl.where(keep, agg, 0), axis=0))
-            tl.store(stats_ptr + 1, tl.sum(agg, axis=0))
-        if HAS_METRICS:
-            total = tl.sum(agg, axis=0)
-            kept_total = tl.sum(tl.where(keep, agg, 0), axis=0)
-            # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
-            ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
-            retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
-            tl.store(metrics_ptr + 1, tl.load(metrics_ptr + 1) + tl.sum(keep.to(tl.int64), axis=0))
-            tl.store(metrics_ptr + 2, tl.load(metrics_ptr + 2) + retained)
-            tl.store(metrics_ptr + 3, tl.load(metrics_ptr + 3) + 1)
+        keep = finish_keep(
+            keep,
+            warm_b,
+            agg,
+            e,
+            e_ok,
+            n_valid,
+            cap,
+            min_tokens,
+            max_tokens,
+            keep_ptr,
+            metrics_ptr,
+            stats_ptr,
+            HAS_CAP,
+            HAS_RANGE,
+            HAS_METRICS,
+            HAS_STATS,
+        )
 
         # phase C in the same program (P = 1)
         if SINGLE and ROUTE:
@@ -891,10 +994,103 @@ def select_kernel(
                     BLOCK_E,
                     BLOCK_K,
                     BLOCK_G,
+                    ROUTE_KEY_SHIFT,
                 )
                 used = tl.maximum(used, block_used)
             if HAS_METRICS:
                 tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum(used.to(tl.int64), axis=0))
+
+
+@triton.jit
+def lynx_pick_kernel(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    num_tokens,
+    num_experts,
+    n_valid_ptr,
+    n_valid_arg,
+    weights_ptr,
+    top_k,
+    alpha,
+    beta,
+    cap,
+    min_tokens,
+    max_tokens,
+    num_select_parts,
+    s_rank_ptr,
+    agg_part_ptr,
+    picked_ptr,
+    ticket_ptr,
+    keep_ptr,
+    metrics_ptr,
+    stats_ptr,
+    HAS_NV_PTR: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    NEED_SCORES: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    HAS_RANGE: tl.constexpr,
+    HAS_METRICS: tl.constexpr,
+    HAS_STATS: tl.constexpr,
+    KEY_SHIFT: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+):
+    """LYNX on more than one program: each program takes the picks of its CHUNK_T rows (the s-ranks
+    come from the selection kernel's last program), marks them, and the last program finishes the
+    mask.  The serial work per program is one tile, whatever T."""
+    pid = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < num_experts
+    n_valid = num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR)
+    s_rank = tl.load(s_rank_ptr + e, mask=e_ok, other=0)
+    first_row = pid * CHUNK_T
+    picked = lynx_picks(
+        logits_ptr,
+        stride_t,
+        stride_e,
+        first_row,
+        tl.minimum(first_row + CHUNK_T, num_tokens),
+        n_valid,
+        weights_ptr,
+        s_rank,
+        e,
+        e_ok,
+        top_k,
+        alpha,
+        beta,
+        HAS_WEIGHTS,
+        KEY_SHIFT,
+        BLOCK_E,
+        CHUNK_T,
+    )
+    tl.atomic_max(picked_ptr + e, picked, mask=e_ok & (picked != 0))
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == tl.num_programs(0) - 1:
+        keep = (tl.load(picked_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") != 0) & e_ok
+        agg = tl.zeros([BLOCK_E], tl.int64)
+        if NEED_SCORES:
+            for p in range(0, num_select_parts):
+                agg += tl.load(agg_part_ptr + p * num_experts + e, mask=e_ok, other=0, cache_modifier=".cg")
+        finish_keep(
+            keep,
+            e < 0,
+            agg,
+            e,
+            e_ok,
+            n_valid,
+            cap,
+            min_tokens,
+            max_tokens,
+            keep_ptr,
+            metrics_ptr,
+            stats_ptr,
+            HAS_CAP,
+            HAS_RANGE,
+            HAS_METRICS,
+            HAS_STATS,
+        )
 
 
 @triton.jit
@@ -935,6 +1131,7 @@ def route_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
     CHUNK_T: tl.constexpr,
+    KEY_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
@@ -974,6 +1171,7 @@ def route_kernel(
         BLOCK_E,
         BLOCK_K,
         BLOCK_G,
+        KEY_SHIFT,
     )
     if HAS_METRICS:
         tl.atomic_max(used_ptr + e, used, mask=e_ok & (used != 0))

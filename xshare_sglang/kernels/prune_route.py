@@ -48,6 +48,8 @@ MAX_PARTS = 64  # programs of the selection: bounds the last program's reduction
 MAX_COVERAGE_TOKENS = 1024
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
+KEY_SHIFTS = {torch.bfloat16: 16, torch.float16: 13}
 
 _MODES = {
     "none": "MODE_ALL",
@@ -115,6 +117,15 @@ class LaunchPlan:
     def single(self) -> bool:
         return self.num_parts == 1
 
+    def kernels(self, policy: str) -> tuple[str, ...]:
+        """The kernels one ``prune_route`` call launches, in order: the selection alone for one
+        program; then LYNX's per-row picks (lynx only) and the routing."""
+        if self.single:
+            return ("select_kernel",)
+        if policy == "lynx":
+            return ("select_kernel", "lynx_pick_kernel", "route_kernel")
+        return ("select_kernel", "route_kernel")
+
 
 def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_request: bool) -> LaunchPlan:
     """Split T tokens over at most :data:`MAX_PARTS` programs; requests never straddle programs.
@@ -178,11 +189,13 @@ class SelectionWorkspace:
         self.prim = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.flag = torch.zeros(num_experts, dtype=torch.int8, **kw)
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
-        # the two tickets (selection, routing) and the routing kernel's expert marks, in one buffer
-        # so that one fill resets them before every multi-program launch
-        self.counters = torch.zeros(2 + num_experts, dtype=torch.int32, **kw)
-        self.tickets = self.counters[:2]
-        self.used = self.counters[2:]
+        self.lynx_rank = torch.zeros(num_experts, dtype=torch.int32, **kw)
+        # the three tickets (selection, routing, LYNX picks), the routing kernel's expert marks and
+        # the LYNX picks, in one buffer so that one fill resets them before every multi-program call
+        self.counters = torch.zeros(3 + 2 * num_experts, dtype=torch.int32, **kw)
+        self.tickets = self.counters[:3]
+        self.used = self.counters[3 : 3 + num_experts]
+        self.picked = self.counters[3 + num_experts :]
         self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)  # coverage
 
 
@@ -298,6 +311,10 @@ def _launch(
         num_warps=8 if block_e >= 256 else 4,
         enable_fp_fusion=False,
     )
+    # int32 order keys when the logits are 16-bit floats (exact: see _prune_route.pack_key); the
+    # routing ranks sigmoid + bias, a float32 value, when biased
+    key_shift = KEY_SHIFTS.get(logits.dtype, 0)
+    route_key_shift = 0 if has_bias else key_shift
     scale = float32_value(router.routed_scaling_factor) if router.routed_scaling_factor is not None else 1.0
     # argument runs both kernels take in the same order: the rows, then the routing
     rows = (logits, logits.stride(0), logits.stride(1), num_tokens, num_experts, nv_ptr, nv_arg, weights_in)
@@ -315,6 +332,8 @@ def _launch(
         scale,
     )
     metrics = metrics_row if has_metrics else ws.mass
+    has_range = cfg.policy != "none" and (cfg.min_tokens is not None or cfg.max_tokens is not None)
+    lynx = cfg.policy == "lynx"
     if not plan.single:
         # tickets and expert marks start every multi-program call at 0, whatever an earlier call left
         ws.counters.zero_()
@@ -342,9 +361,7 @@ def _launch(
         ws.base_part,
         ws.lynx_counts,
         ws.lynx_digits,
-        ws.prim,
-        ws.flag,
-        ws.mass,
+        ws.lynx_rank,
         ws.tickets,
         keep,
         metrics,
@@ -355,9 +372,9 @@ def _launch(
         SCORE_TOPK=cfg.effective_score == "topk",
         PER_REQUEST=per_request,
         REQUEST_TOP=policy["request_top"],
-        LYNX=cfg.policy == "lynx",
+        LYNX=lynx,
         HAS_CAP=policy["has_cap"],
-        HAS_RANGE=cfg.policy != "none" and (cfg.min_tokens is not None or cfg.max_tokens is not None),
+        HAS_RANGE=has_range,
         HAS_METRICS=has_metrics and route,
         HAS_STATS=has_stats,
         SINGLE=plan.single,
@@ -367,8 +384,40 @@ def _launch(
         SEARCH_STEPS=block_e.bit_length() + 1,
         CHUNK_T=plan.chunk_rows,
         ROUTE_T=plan.route_rows,
+        KEY_SHIFT=key_shift,
+        ROUTE_KEY_SHIFT=route_key_shift,
         **common,
     )
+    if lynx and not plan.single:
+        jit.lynx_pick_kernel[(plan.route_programs,)](
+            *rows,
+            router.top_k,
+            float32_value(cfg.alpha),
+            cfg.beta,
+            cfg.max_experts if policy["has_cap"] else 0,
+            cfg.min_tokens if cfg.min_tokens is not None else 0,
+            cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS,
+            plan.num_parts,
+            ws.lynx_rank,
+            ws.agg_part,
+            ws.picked,
+            ws.tickets[2:],
+            keep,
+            metrics,
+            stats_out if has_stats else ws.mass,
+            HAS_NV_PTR=nv_tensor,
+            HAS_WEIGHTS=has_weights,
+            NEED_SCORES=need_scores,
+            HAS_CAP=policy["has_cap"],
+            HAS_RANGE=has_range,
+            HAS_METRICS=has_metrics and route,
+            HAS_STATS=has_stats,
+            KEY_SHIFT=key_shift,
+            BLOCK_E=block_e,
+            CHUNK_T=plan.route_rows,
+            num_warps=common["num_warps"],
+            enable_fp_fusion=False,
+        )
     if route and not plan.single:
         jit.route_kernel[(plan.route_programs,)](
             *rows,
@@ -379,6 +428,7 @@ def _launch(
             metrics,
             HAS_METRICS=has_metrics,
             CHUNK_T=plan.route_rows,
+            KEY_SHIFT=route_key_shift,
             **common,
         )
 

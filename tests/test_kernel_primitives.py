@@ -1,0 +1,155 @@
+"""The selection kernel's parallel building blocks against brute force, exactly.
+
+Each ``@triton.jit`` helper of ``kernels/_prune_route.py`` that replaced a serial loop (the int64
+division of the scores, the pairwise order through global memory) is run alone through a small test
+kernel, on inputs chosen to hit its edges: ties in the order, exact multiples and off-by-one numerators
+in the division, flags and groups at random.  On CPU under ``TRITON_INTERPRET=1``; natively on a GPU.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from xshare_sglang.kernels import _prune_route as jit
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@triton.jit
+def _floor_div_kernel(num_ptr, den_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    ok = i < n
+    num = tl.load(num_ptr + i, mask=ok, other=0)
+    den = tl.load(den_ptr + i, mask=ok, other=1)
+    tl.store(out_ptr + i, jit.floor_div(num, den), mask=ok)
+
+
+@triton.jit
+def _share_kernel(units_ptr, out_ptr, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    r = tl.arange(0, BLOCK_R)
+    c = tl.arange(0, BLOCK_C)
+    ok = (r < rows)[:, None] & (c < cols)[None, :]
+    offs = r[:, None] * cols + c[None, :]
+    units = tl.load(units_ptr + offs, mask=ok, other=0)
+    tl.store(out_ptr + offs, jit.share_of_row(units), mask=ok)
+
+
+@triton.jit
+def _order_kernel(
+    prim_ptr,
+    flag_ptr,
+    group_ptr,
+    place_ptr,
+    keep_ptr,
+    n,
+    kept_mass,
+    needed,
+    USE_GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    e = tl.arange(0, BLOCK)
+    e_ok = e < n
+    prim = tl.load(prim_ptr + e, mask=e_ok, other=0)
+    flag = (tl.load(flag_ptr + e, mask=e_ok, other=0) != 0) & e_ok
+    group = tl.load(group_ptr + e, mask=e_ok, other=-1)
+    tl.store(place_ptr + e, jit.places(prim, flag, e, e_ok, group, USE_GROUP), mask=e_ok)
+    tl.store(keep_ptr + e, jit.prefix_keep(prim, flag, e, kept_mass, needed).to(tl.int8), mask=e_ok)
+
+
+def _on(t: torch.Tensor) -> torch.Tensor:
+    return t.to(DEVICE)
+
+
+def test_floor_div_is_exact_at_the_edges() -> None:
+    rng = random.Random(3)
+    pairs = []
+    for _ in range(400):
+        den = rng.choice([1, 2, 3, rng.randrange(1, 1 << 20), rng.randrange(1, 1 << 40), rng.randrange(1, 1 << 53)])
+        quotient = rng.randrange(0, min(1 << 25, ((1 << 55) - 1) // den + 1))
+        for num in (quotient * den, quotient * den - 1, quotient * den + den - 1, rng.randrange(0, 1 << 55)):
+            if 0 <= num < (1 << 55) and num // den <= 1 << 25:
+                pairs.append((num, den))
+    num = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
+    den = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+    out = torch.empty_like(num)
+    block = triton.next_power_of_2(len(pairs))
+    out_dev = _on(out)
+    _floor_div_kernel[(1,)](_on(num), _on(den), out_dev, len(pairs), BLOCK=block)
+    assert out_dev.cpu().tolist() == [a // b for a, b in pairs]
+
+
+@pytest.mark.parametrize("cols", [1, 8, 60, 128, 256])
+def test_share_of_row_matches_integer_division(cols: int) -> None:
+    gen = torch.Generator().manual_seed(cols)
+    rows = 7
+    units = torch.randint(0, (1 << 30) + 1, (rows, cols), generator=gen, dtype=torch.int64)
+    units[1] = 0  # a row with no mass
+    units[2, :] = 0
+    units[2, 0] = 1 << 30  # all mass on one expert: exactly 2**24
+    units[3] = torch.where(torch.rand(cols, generator=gen) < 0.9, 0, units[3])  # sparse, as top-k rows are
+    total = units.sum(dim=1, keepdim=True)
+    want = torch.where(total > 0, (units << 24) // total.clamp(min=1), 0)
+    out = _on(torch.empty_like(units))
+    _share_kernel[(1,)](_on(units), out, rows, cols, BLOCK_R=8, BLOCK_C=triton.next_power_of_2(cols))
+    assert torch.equal(out.cpu(), want)
+
+
+def _brute_places(prim, flag, group, use_group):
+    n = len(prim)
+    return [
+        sum(
+            1
+            for j in range(n)
+            if flag[j]
+            and (prim[j] > prim[e] or (prim[j] == prim[e] and j < e))
+            and (not use_group or group[j] == group[e])
+        )
+        for e in range(n)
+    ]
+
+
+def _brute_prefix(prim, flag, kept_mass, needed):
+    order = sorted((j for j in range(len(prim)) if flag[j]), key=lambda j: (-prim[j], j))
+    keep, before = [False] * len(prim), 0
+    for j in order:
+        if kept_mass + before >= needed:
+            break
+        keep[j] = True
+        before += prim[j]
+    return keep
+
+
+@pytest.mark.parametrize("num_experts", [1, 60, 64, 128, 160, 256, 512])
+@pytest.mark.parametrize("use_group", [False, True])
+def test_order_by_places_and_by_prefix(num_experts: int, use_group: bool) -> None:
+    for seed in range(6):
+        rng = random.Random(seed * 1000 + num_experts)
+        high = rng.choice([3, 50, 1 << 46])  # few distinct values: many ties
+        prim = [rng.randrange(1, high) for _ in range(num_experts)]
+        flag = [rng.random() < rng.choice([0.1, 0.5, 1.0]) for _ in range(num_experts)]
+        group = [rng.randrange(0, rng.choice([1, 4, 8])) for _ in range(num_experts)]
+        total = sum(p for p, f in zip(prim, flag, strict=True) if f)
+        kept_mass = rng.choice([0, rng.randrange(0, total + 1)])
+        needed = rng.choice([0, 1, total // 2, total, total + kept_mass, rng.randrange(0, total + 2)])
+        place = _on(torch.empty(num_experts, dtype=torch.int32))
+        keep = _on(torch.empty(num_experts, dtype=torch.int8))
+        _order_kernel[(1,)](
+            _on(torch.tensor(prim, dtype=torch.int64)),
+            _on(torch.tensor(flag, dtype=torch.int8)),
+            _on(torch.tensor(group, dtype=torch.int32)),
+            place,
+            keep,
+            num_experts,
+            kept_mass,
+            needed,
+            USE_GROUP=use_group,
+            BLOCK=max(16, triton.next_power_of_2(num_experts)),
+        )
+        label = f"E={num_experts} seed={seed}"
+        assert place.cpu().tolist() == _brute_places(prim, flag, group, use_group), label
+        assert [bool(v) for v in keep.cpu().tolist()] == _brute_prefix(prim, flag, kept_mass, needed), label

@@ -8,7 +8,8 @@ loops one program runs, from the launch arguments:
 
 * ``tiles``: row tiles one program of the selection reads (phase A), times ``ranks``, the top-k rounds
   ``row_ranks`` runs per tile;
-* ``parts``: partials the last program sums;
+* ``parts``: programs whose shares the last program reads (added with atomics into one accumulator:
+  one load, no loop);
 * ``rule``: rounds of the set rule in the last program (greedy picks, LYNX digit compares and pick
   tiles, coverage passes; the order of the experts is one loop-free step);
 * ``route``: routing tiles the single program runs after the selection (one-launch calls), each of
@@ -68,8 +69,7 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     if kernel == "route_kernel":
         return {"tiles": "1", "ranks": "-", "parts": "-", "rule": "-", "route": f"1 x {top_k}"}
     if kernel == "lynx_pick_kernel":
-        parts = named["num_select_parts"] if named["NEED_SCORES"] else "-"
-        return {"tiles": "1", "ranks": "-", "parts": str(parts), "rule": f"1 pick tile x {top_k}", "route": "-"}
+        return {"tiles": "1", "ranks": "-", "parts": "-", "rule": f"1 pick tile x {top_k}", "route": "-"}
     per_program, per_request, chunk = named["rows_per_program"], named["rows_per_request"], named["CHUNK_T"]
     tiles_per_request = -(-per_request // chunk)
     tiles = per_program // per_request * tiles_per_request if named["PER_REQUEST"] else -(-per_program // chunk)
@@ -100,7 +100,7 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     return {
         "tiles": str(tiles if reads_rows else 0),
         "ranks": str(ranks if reads_rows else 0),
-        "parts": "-" if named["SINGLE"] else str(grid[0]),
+        "parts": "-" if named["SINGLE"] else f"{grid[0]} atomic",
         "rule": rule,
         "route": route,
     }

@@ -192,4 +192,4 @@ def test_kernel_sass_reports_each_launch(tmp_path) -> None:
     instructions = {key: int(row[5]) for key, row in table.items()}
     assert all(n > 100 for n in instructions.values())
     assert instructions[(1, "xshare", "select")] > instructions[(1, "none", "select")]
-    assert table[(64, "xshare", "select")][12] == "4"  # 4 programs' partials summed by the last one
+    assert table[(64, "xshare", "select")][12] == "4 atomic"  # 4 programs add their shares into one accumulator

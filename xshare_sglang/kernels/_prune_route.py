@@ -352,8 +352,7 @@ def prefix_keep(prim, flag, e, kept_mass, needed):
 
 @triton.jit
 def lynx_s_ranks(
-    counts_part_ptr,
-    num_parts,
+    counts,
     base,
     digits_ptr,
     num_experts,
@@ -365,12 +364,9 @@ def lynx_s_ranks(
     CHUNK: tl.constexpr,
 ):
     """Exact rank of every expert by ``s[e] = sum_t n ** bin[t, e]``: equal s, equal rank; higher s,
-    higher rank.  ``s * n**beta`` is carried into base-n digits and compared digit by digit."""
+    higher rank.  ``counts`` [BLOCK_E, BLOCK_BINS] int64: tokens per (expert, bin).  ``s * n**beta``
+    is carried into base-n digits and compared digit by digit."""
     bin_id = tl.arange(0, BLOCK_BINS)
-    counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int64)
-    for p in range(0, num_parts):
-        ptrs = counts_part_ptr + (p * num_experts + e)[:, None] * BLOCK_BINS + bin_id[None, :]
-        counts += tl.load(ptrs, mask=e_ok[:, None], other=0, cache_modifier=".cg").to(tl.int64)
     num_digits = beta + 2
     carry = tl.zeros([BLOCK_E], tl.int64)
     for i in range(0, beta + 1):
@@ -425,17 +421,18 @@ def lynx_picks(
         )
         depth = lynx_depths(x, alpha, beta)
         open_ = (x > float("-inf")) & row_ok[:, None] & e_ok[None, :]
-        # (bin desc, s desc) as one integer, then (logit desc, index asc) as a packed key
+        # one int64 key per entry, so each pick is one max: (bin desc, s desc) as an integer below
+        # (beta + 1) * BLOCK_E <= 2**13 in bits 42 and up, (logit desc, index asc) as a packed key
+        # (|key| < 2**41 at any width) offset to non-negative below them; -1 where not open
         coarse = (beta - depth).to(tl.int64) * BLOCK_E + s_rank[None, :].to(tl.int64)
-        fine = pack_key(x, e[None, :], open_, KEY_SHIFT)
+        fine = pack_key(x, e[None, :], open_, KEY_SHIFT).to(tl.int64) + (1 << 41)
+        key = tl.where(open_, (coarse << 42) | fine, -1)
         picked = tl.zeros(x.shape, tl.int32)
         for _ in range(0, top_k):
-            best_coarse = tl.max(tl.where(open_, coarse, -1), axis=1)
-            tie = open_ & (coarse == best_coarse[:, None])
-            best_fine = tl.max(tl.where(tie, fine, lowest_key(KEY_SHIFT)), axis=1)
-            chosen = tie & (fine == best_fine[:, None])
+            best = tl.max(key, axis=1)
+            chosen = (key == best[:, None]) & (best[:, None] >= 0)
             picked = tl.where(chosen, 1, picked)
-            open_ = open_ & (~chosen)
+            key = tl.where(chosen, -1, key)
         picked_any = tl.maximum(picked_any, tl.max(picked, axis=0))
     return picked_any
 
@@ -663,10 +660,10 @@ def select_kernel(
     group_ptr,
     # workspace
     row_scores_ptr,
-    agg_part_ptr,
-    warm_part_ptr,
-    base_part_ptr,
-    counts_part_ptr,
+    agg_acc_ptr,
+    warm_acc_ptr,
+    base_acc_ptr,
+    counts_acc_ptr,
     digits_ptr,
     s_rank_ptr,
     ticket_ptr,
@@ -780,17 +777,23 @@ def select_kernel(
             if PER_REQUEST:
                 chosen = greedy_iterative(warm_r, agg_r, e, e_ok, request_budget, votes_r > 0, REQUEST_TOP, BLOCK_E)
                 base = tl.maximum(base, chosen)
-    out = pid * num_experts + e
     if not SINGLE:
+        # this program's share, added into the call's accumulators (zeroed by the wrapper before the
+        # launch): integer sums and maxima do not depend on the order the programs arrive in
         if MODE != MODE_ALL and MODE != MODE_STATIC:
-            tl.store(warm_part_ptr + out, warm.to(tl.int8), mask=e_ok)
+            tl.atomic_max(warm_acc_ptr + e, warm, mask=e_ok & (warm != 0), sem="relaxed")
         if NEED_SCORES:
-            tl.store(agg_part_ptr + out, agg, mask=e_ok)
+            tl.atomic_add(agg_acc_ptr + e, agg, mask=e_ok & (agg != 0), sem="relaxed")
         if PER_REQUEST:
-            tl.store(base_part_ptr + out, base.to(tl.int8), mask=e_ok)
-    if LYNX:
-        bin_id = tl.arange(0, BLOCK_BINS)
-        tl.store(counts_part_ptr + out[:, None] * BLOCK_BINS + bin_id[None, :], counts, mask=e_ok[:, None])
+            tl.atomic_max(base_acc_ptr + e, base, mask=e_ok & (base != 0), sem="relaxed")
+        if LYNX:
+            bin_id = tl.arange(0, BLOCK_BINS)
+            tl.atomic_add(
+                counts_acc_ptr + e[:, None] * BLOCK_BINS + bin_id[None, :],
+                counts,
+                mask=e_ok[:, None] & (counts != 0),
+                sem="relaxed",
+            )
 
     if SINGLE:
         last = True
@@ -800,26 +803,24 @@ def select_kernel(
         last = ticket == num_parts - 1
     if last:
         if not SINGLE:
-            agg = tl.zeros([BLOCK_E], tl.int64)
-            warm = tl.zeros([BLOCK_E], tl.int32)
-            base = tl.zeros([BLOCK_E], tl.int32)
-            for p in range(0, num_parts):
-                offs = p * num_experts + e
-                if MODE != MODE_ALL and MODE != MODE_STATIC:
-                    warm = tl.maximum(
-                        warm, tl.load(warm_part_ptr + offs, mask=e_ok, other=0, cache_modifier=".cg").to(tl.int32)
-                    )
-                if NEED_SCORES:
-                    agg += tl.load(agg_part_ptr + offs, mask=e_ok, other=0, cache_modifier=".cg")
-                if PER_REQUEST:
-                    base = tl.maximum(
-                        base, tl.load(base_part_ptr + offs, mask=e_ok, other=0, cache_modifier=".cg").to(tl.int32)
-                    )
+            # every program's share is in the accumulators (its atomics precede its ticket)
+            if MODE != MODE_ALL and MODE != MODE_STATIC:
+                warm = tl.load(warm_acc_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
+            if NEED_SCORES:
+                agg = tl.load(agg_acc_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
+            if PER_REQUEST:
+                base = tl.load(base_acc_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
+            if LYNX:
+                bin_id = tl.arange(0, BLOCK_BINS)
+                counts = tl.load(
+                    counts_acc_ptr + e[:, None] * BLOCK_BINS + bin_id[None, :],
+                    mask=e_ok[:, None],
+                    other=0,
+                    cache_modifier=".cg",
+                )
         if LYNX:
-            tl.debug_barrier()
             s_rank = lynx_s_ranks(
-                counts_part_ptr,
-                num_parts,
+                counts.to(tl.int64),
                 tl.maximum(n_valid, 1),
                 digits_ptr,
                 num_experts,
@@ -1017,9 +1018,8 @@ def lynx_pick_kernel(
     cap,
     min_tokens,
     max_tokens,
-    num_select_parts,
     s_rank_ptr,
-    agg_part_ptr,
+    agg_acc_ptr,
     picked_ptr,
     ticket_ptr,
     keep_ptr,
@@ -1071,8 +1071,7 @@ def lynx_pick_kernel(
         keep = (tl.load(picked_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") != 0) & e_ok
         agg = tl.zeros([BLOCK_E], tl.int64)
         if NEED_SCORES:
-            for p in range(0, num_select_parts):
-                agg += tl.load(agg_part_ptr + p * num_experts + e, mask=e_ok, other=0, cache_modifier=".cg")
+            agg = tl.load(agg_acc_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
         finish_keep(
             keep,
             e < 0,

@@ -43,7 +43,7 @@ MAX_GROUPS = 32
 MAX_TOKENS_PER_REQUEST = 64
 MAX_LYNX_BETA = 14
 MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most)
-MAX_PARTS = 64  # programs of the selection: bounds the last program's reduction
+MAX_PARTS = 64  # programs of the selection (each adds its share into the accumulators with atomics)
 # ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
 MAX_COVERAGE_TOKENS = 1024
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
@@ -167,7 +167,7 @@ class SelectionWorkspace:
 
     Allocate it before CUDA-graph capture and pass it to every call.  One workspace may serve every
     layer of one stream (calls issued on one stream run one after the other), never two streams at
-    once: :func:`default_workspace` keeps one per stream.  About ``E * 10 KiB``.
+    once: :func:`default_workspace` keeps one per stream.  About ``E * 4.5 KiB``.
 
     Parameters
     ----------
@@ -181,21 +181,25 @@ class SelectionWorkspace:
         self.num_experts = num_experts
         self.device = canonical_device(device)
         kw = dict(device=self.device)
-        self.agg_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int64, **kw)
-        self.warm_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int8, **kw)
-        self.base_part = torch.zeros(MAX_PARTS, num_experts, dtype=torch.int8, **kw)
-        self.lynx_counts = torch.zeros(MAX_PARTS, num_experts, BLOCK_BINS, dtype=torch.int32, **kw)
         self.lynx_digits = torch.zeros(num_experts, BLOCK_BINS, dtype=torch.int64, **kw)
         self.prim = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.flag = torch.zeros(num_experts, dtype=torch.int8, **kw)
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.lynx_rank = torch.zeros(num_experts, dtype=torch.int32, **kw)
-        # the three tickets (selection, routing, LYNX picks), the routing kernel's expert marks and
-        # the LYNX picks, in one buffer so that one fill resets them before every multi-program call
-        self.counters = torch.zeros(3 + 2 * num_experts, dtype=torch.int32, **kw)
+        # Everything a multi-program call accumulates with atomics, in one buffer, so that one fill
+        # resets it before every such call: the three tickets (selection, routing, LYNX picks; one
+        # word of padding), the routing kernel's expert marks, the LYNX picks, the warm-up and
+        # per-request marks, LYNX bin counts, and the int64 aggregate scores (8-byte aligned: the
+        # offset 4 + 20 E words is even).
+        n = num_experts
+        self.counters = torch.zeros(4 + 22 * n, dtype=torch.int32, **kw)
         self.tickets = self.counters[:3]
-        self.used = self.counters[3 : 3 + num_experts]
-        self.picked = self.counters[3 + num_experts :]
+        self.used = self.counters[4 : 4 + n]
+        self.picked = self.counters[4 + n : 4 + 2 * n]
+        self.warm_marks = self.counters[4 + 2 * n : 4 + 3 * n]
+        self.base_marks = self.counters[4 + 3 * n : 4 + 4 * n]
+        self.lynx_counts = self.counters[4 + 4 * n : 4 + 20 * n].view(n, BLOCK_BINS)
+        self.aggregate = self.counters[4 + 20 * n :].view(torch.int64)
         self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)  # coverage
 
 
@@ -356,9 +360,9 @@ def _launch(
         policy["redundancy"] if policy["redundancy"] is not None else ws.used,
         call.expert_to_rank if call.expert_to_rank is not None else ws.flag,
         ws.row_scores,
-        ws.agg_part,
-        ws.warm_part,
-        ws.base_part,
+        ws.aggregate,
+        ws.warm_marks,
+        ws.base_marks,
         ws.lynx_counts,
         ws.lynx_digits,
         ws.lynx_rank,
@@ -397,9 +401,8 @@ def _launch(
             cfg.max_experts if policy["has_cap"] else 0,
             cfg.min_tokens if cfg.min_tokens is not None else 0,
             cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS,
-            plan.num_parts,
             ws.lynx_rank,
-            ws.agg_part,
+            ws.aggregate,
             ws.picked,
             ws.tickets[2:],
             keep,

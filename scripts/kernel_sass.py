@@ -77,7 +77,7 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     mode = named["MODE"]
     reads_rows = mode not in (jit.MODE_ALL.value, jit.MODE_STATIC.value) or named["NEED_SCORES"]
     ranks = max(named["top_k"], named["k0"]) if named["NEED_SCORES"] and named["SCORE_TOPK"] else named["k0"]
-    block_e, pair_chunk = named["BLOCK_E"], named["CHUNK"]
+    block_e = named["BLOCK_E"]
     pairwise = f"one {block_e}x{block_e} order"  # no loop: every pair in registers at once
     rules = {
         jit.MODE_GREEDY_WARM.value: pairwise,
@@ -91,7 +91,7 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     rule = rules.get(mode, "-")
     if named["LYNX"]:
         digits = named["beta"] + 2
-        rule = f"{digits} digits x {block_e // pair_chunk} chunks"
+        rule = f"{digits} digit steps over a {block_e}x{block_e} order"
         if named["SINGLE"]:
             rule += f" + {-(-num_tokens // chunk)} pick tiles x {top_k}"
     if named["PER_REQUEST"]:

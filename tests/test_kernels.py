@@ -357,6 +357,22 @@ def test_none_and_out_buffers() -> None:
         prune_route(call, PrunerConfig(policy="xshare-ep", k0=1))
 
 
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("num_tokens", [0, 1, 7, 64, 255])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_none_routes_like_the_reference_at_every_size(num_tokens: int, routing: str) -> None:
+    """Policy none above one tile is the routing kernel alone (no selection launch, no counter fill
+    without metrics): the mask is full, ids, weights and metrics are the reference's, and a stale
+    keep buffer is overwritten."""
+    router, bias = _router(routing, 4, 128, seed=num_tokens)
+    logits = make_logits(num_tokens, 128, "nonfinite" if num_tokens % 2 else "normal", seed=num_tokens)
+    for num_valid in (num_tokens, max(0, num_tokens - 3)):
+        _compare_routing(logits, PrunerConfig(), router, bias=bias, num_valid_tokens=num_valid)
+        keep = torch.zeros(128, dtype=torch.bool, device=DEVICE)
+        call = routing_call(logits, router, device=DEVICE, correction_bias=bias, num_valid_tokens=num_valid)
+        assert bool(prune_route(call, PrunerConfig(), keep_out=keep).keep.all())
+
+
 def test_moe_spec_static_routing(tmp_path) -> None:
     import json
 
@@ -430,7 +446,7 @@ def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_ex
 def test_one_layer_call_launches_the_planned_kernels(policy, monkeypatch) -> None:
     """Count every Triton launch of one pruned layer call (by wrapping the launcher of the kernel
     class): one for calls of one tile (or one request), two otherwise (lynx: three, its per-row picks
-    in a launch of their own); metrics add none."""
+    in a launch of their own; none: one, the routing alone); metrics add none."""
     launches = []
     launcher = type(jit.select_kernel)
     original_run = launcher.run
@@ -458,7 +474,7 @@ def test_one_layer_call_launches_the_planned_kernels(policy, monkeypatch) -> Non
         )
         prune_route(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE))
         plan = plan_launch(num_tokens, 128, tokens_per_request, policy == "xshare-spec")
-        want = 1 if plan.single else (3 if policy == "lynx" else 2)
+        want = 1 if plan.single else {"none": 1, "lynx": 3}.get(policy, 2)
         assert len(launches) == want, (num_tokens, launches)
 
 

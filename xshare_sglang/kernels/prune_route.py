@@ -119,9 +119,12 @@ class LaunchPlan:
 
     def kernels(self, policy: str) -> tuple[str, ...]:
         """The kernels one ``prune_route`` call launches, in order: the selection alone for one
-        program; then LYNX's per-row picks (lynx only) and the routing."""
+        program; above, the selection, LYNX's per-row picks (lynx only) and the routing, or the
+        routing alone for ``none`` (every expert kept: nothing to select)."""
         if self.single:
             return ("select_kernel",)
+        if policy == "none":
+            return ("route_kernel",)
         if policy == "lynx":
             return ("select_kernel", "lynx_pick_kernel", "route_kernel")
         return ("select_kernel", "route_kernel")
@@ -181,7 +184,6 @@ class SelectionWorkspace:
         self.num_experts = num_experts
         self.device = canonical_device(device)
         kw = dict(device=self.device)
-        self.lynx_digits = torch.zeros(num_experts, BLOCK_BINS, dtype=torch.int64, **kw)
         self.prim = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.flag = torch.zeros(num_experts, dtype=torch.int8, **kw)
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
@@ -338,9 +340,19 @@ def _launch(
     metrics = metrics_row if has_metrics else ws.mass
     has_range = cfg.policy != "none" and (cfg.min_tokens is not None or cfg.max_tokens is not None)
     lynx = cfg.policy == "lynx"
-    if not plan.single:
-        # tickets and expert marks start every multi-program call at 0, whatever an earlier call left
+    # policy none above one program: the routing kernel alone, keeping every expert
+    route_only = route and cfg.policy == "none" and not plan.single
+    if not plan.single and (has_metrics or not route_only):
+        # tickets, accumulators and expert marks start every multi-program call at 0, whatever an
+        # earlier call left
         ws.counters.zero_()
+    if route and not plan.single:
+        route_args = dict(HAS_METRICS=has_metrics, CHUNK_T=plan.route_rows, KEY_SHIFT=route_key_shift, **common)
+    if route_only:
+        jit.route_kernel[(plan.route_programs,)](
+            *rows, *routing, keep, ws.used, ws.tickets[1:], metrics, ALL_KEPT=True, **route_args
+        )
+        return
     jit.select_kernel[(plan.num_parts,)](
         *rows,
         plan.rows_per_program,
@@ -364,7 +376,6 @@ def _launch(
         ws.warm_marks,
         ws.base_marks,
         ws.lynx_counts,
-        ws.lynx_digits,
         ws.lynx_rank,
         ws.tickets,
         keep,
@@ -384,7 +395,6 @@ def _launch(
         SINGLE=plan.single,
         ROUTE=route,
         BLOCK_BINS=BLOCK_BINS,
-        CHUNK=max(1, min(32, 4096 // block_e)),
         SEARCH_STEPS=block_e.bit_length() + 1,
         CHUNK_T=plan.chunk_rows,
         ROUTE_T=plan.route_rows,
@@ -429,10 +439,8 @@ def _launch(
             ws.used,
             ws.tickets[1:],
             metrics,
-            HAS_METRICS=has_metrics,
-            CHUNK_T=plan.route_rows,
-            KEY_SHIFT=route_key_shift,
-            **common,
+            ALL_KEPT=False,
+            **route_args,
         )
 
 

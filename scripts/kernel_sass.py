@@ -91,7 +91,7 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     rule = rules.get(mode, "-")
     if named["LYNX"]:
         digits = named["beta"] + 2
-        rule = f"{digits} digit steps over a {block_e}x{block_e} order"
+        rule = f"{digits} digits x {block_e // named['CHUNK']} chunks"
         if named["SINGLE"]:
             rule += f" + {-(-num_tokens // chunk)} pick tiles x {top_k}"
     if named["PER_REQUEST"]:

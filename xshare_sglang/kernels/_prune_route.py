@@ -314,6 +314,19 @@ def lynx_depths(x, alpha, beta):
     return -tl.maximum(scaled, 0.0 - beta).to(tl.int32)
 
 
+@triton.jit
+def lynx_bin_counts(x, row_ok, e, alpha, beta, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_BINS: tl.constexpr):
+    """[BLOCK_E, BLOCK_BINS] int32: the voting rows of a [ROWS, BLOCK_E] tile per (expert, LYNX bin).
+    One histogram over ``e * BLOCK_BINS + depth`` (depth <= beta < BLOCK_BINS) instead of one column
+    sum per bin."""
+    slot = e[None, :] * BLOCK_BINS + lynx_depths(x, alpha, beta)
+    voting = row_ok[:, None] & (e[None, :] >= 0)
+    flat = tl.histogram(
+        tl.reshape(slot, [ROWS * BLOCK_E]), BLOCK_E * BLOCK_BINS, mask=tl.reshape(voting, [ROWS * BLOCK_E])
+    )
+    return tl.reshape(flat, [BLOCK_E, BLOCK_BINS])
+
+
 # --------------------------------------------------------------------------- phase B helpers
 @triton.jit
 def order_key(prim, e, flag):
@@ -354,31 +367,40 @@ def prefix_keep(prim, flag, e, kept_mass, needed):
 def lynx_s_ranks(
     counts,
     base,
+    digits_ptr,
     num_experts,
     beta,
     e,
     e_ok,
     BLOCK_E: tl.constexpr,
     BLOCK_BINS: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Exact rank of every expert by ``s[e] = sum_t n ** bin[t, e]``: equal s, equal rank; higher s,
-    higher rank.  ``counts`` [BLOCK_E, BLOCK_BINS] int64: tokens per (expert, bin).
-
-    ``s * n**beta`` is carried into base-n digits from the lowest, and every pair of experts is
-    compared as the digits appear, in registers: ``greater[j, e]`` holds "j's number so far exceeds
-    e's", and a higher digit overrides it unless the two digits are equal."""
+    higher rank.  ``counts`` [BLOCK_E, BLOCK_BINS] int64: tokens per (expert, bin).  ``s * n**beta``
+    is carried into base-n digits and compared digit by digit."""
     bin_id = tl.arange(0, BLOCK_BINS)
+    num_digits = beta + 2
     carry = tl.zeros([BLOCK_E], tl.int64)
-    greater = (e[:, None] < 0) & (e[None, :] < 0)  # [BLOCK_E, BLOCK_E], all False
     for i in range(0, beta + 1):
         value = tl.sum(tl.where(bin_id[None, :] == beta - i, counts, 0), axis=1) + carry
         carry = floor_div(value, base)
-        digit = (value - carry * base).to(tl.int32)  # < base <= 2**22
-        d_j, d_e = digit[:, None], digit[None, :]
-        greater = (d_j > d_e) | ((d_j == d_e) & greater)
-    top = carry.to(tl.int32)  # the last carry is the highest digit, whole (below 2**23)
-    greater = (top[:, None] > top[None, :]) | ((top[:, None] == top[None, :]) & greater)
-    larger = tl.sum((greater & e_ok[:, None]).to(tl.int32), axis=0)
+        tl.store(digits_ptr + e * BLOCK_BINS + i, value - carry * base, mask=e_ok)
+    tl.store(digits_ptr + e * BLOCK_BINS + beta + 1, carry, mask=e_ok)
+    tl.debug_barrier()
+    larger = tl.zeros([BLOCK_E], tl.int32)
+    for j0 in range(0, BLOCK_E, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        j_ok = j < num_experts
+        greater = tl.zeros([CHUNK, BLOCK_E], tl.int32)
+        equal = tl.zeros([CHUNK, BLOCK_E], tl.int32) + 1
+        for k in range(0, num_digits):
+            i = num_digits - 1 - k
+            d_j = tl.load(digits_ptr + j * BLOCK_BINS + i, mask=j_ok, other=0)
+            d_e = tl.load(digits_ptr + e * BLOCK_BINS + i, mask=e_ok, other=0)
+            greater = tl.where((equal != 0) & (d_j[:, None] > d_e[None, :]), 1, greater)
+            equal = tl.where(d_j[:, None] == d_e[None, :], equal, 0)
+        larger += tl.sum(tl.where(j_ok[:, None], greater, 0), axis=0)
     return num_experts - 1 - larger
 
 
@@ -655,6 +677,7 @@ def select_kernel(
     warm_acc_ptr,
     base_acc_ptr,
     counts_acc_ptr,
+    digits_ptr,
     s_rank_ptr,
     ticket_ptr,
     # outputs
@@ -698,6 +721,7 @@ def select_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
     CHUNK_T: tl.constexpr,
+    CHUNK: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     ROUTE_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
@@ -738,10 +762,7 @@ def select_kernel(
                 )
                 votes_r += tl.sum(row_ok.to(tl.int32), axis=0)
                 if LYNX:
-                    depth = lynx_depths(x, alpha, beta)
-                    for j in tl.static_range(BLOCK_BINS):
-                        in_bin = tl.sum(((depth == j) & row_ok[:, None]).to(tl.int32), axis=0)
-                        counts = tl.where(bin_id[None, :] == j, counts + in_bin[:, None], counts)
+                    counts += lynx_bin_counts(x, row_ok, e, alpha, beta, CHUNK_T, BLOCK_E, BLOCK_BINS)
                 candidate = (x > float("-inf")) & e_ok[None, :]
                 key = pack_key(x, e[None, :], candidate, KEY_SHIFT)
                 rank = row_ranks(key, n_iter, KEY_SHIFT)
@@ -811,12 +832,14 @@ def select_kernel(
             s_rank = lynx_s_ranks(
                 counts.to(tl.int64),
                 tl.maximum(n_valid, 1),
+                digits_ptr,
                 num_experts,
                 beta,
                 e,
                 e_ok,
                 BLOCK_E,
                 BLOCK_BINS,
+                CHUNK,
             )
             if SINGLE:
                 base = lynx_picks(

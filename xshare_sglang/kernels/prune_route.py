@@ -187,6 +187,7 @@ class SelectionWorkspace:
         self.prim = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.flag = torch.zeros(num_experts, dtype=torch.int8, **kw)
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
+        self.lynx_digits = torch.zeros(num_experts, BLOCK_BINS, dtype=torch.int64, **kw)
         self.lynx_rank = torch.zeros(num_experts, dtype=torch.int32, **kw)
         # Everything a multi-program call accumulates with atomics, in one buffer, so that one fill
         # resets it before every such call: the three tickets (selection, routing, LYNX picks; one
@@ -376,6 +377,7 @@ def _launch(
         ws.warm_marks,
         ws.base_marks,
         ws.lynx_counts,
+        ws.lynx_digits,
         ws.lynx_rank,
         ws.tickets,
         keep,
@@ -395,6 +397,7 @@ def _launch(
         SINGLE=plan.single,
         ROUTE=route,
         BLOCK_BINS=BLOCK_BINS,
+        CHUNK=max(1, min(32, 4096 // block_e)),  # experts per step of LYNX's digit comparison
         SEARCH_STEPS=block_e.bit_length() + 1,
         CHUNK_T=plan.chunk_rows,
         ROUTE_T=plan.route_rows,

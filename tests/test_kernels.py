@@ -485,9 +485,10 @@ def test_one_layer_call_launches_the_planned_kernels(policy, monkeypatch) -> Non
 @pytest.mark.parametrize("entry", ["prune_route", "select_keep_mask"])
 @pytest.mark.parametrize("policy", ["xshare", "moe-spec", "lynx"])
 def test_knocked_tickets_never_reach_the_next_call(entry, policy) -> None:
-    """A multi-program call after the workspace's tickets and expert marks were knocked out of step (as
-    an aborted launch, or a second stream on the same workspace, would leave them) still gives the
-    reference's mask, routing and metrics: every multi-program launch starts its counters at 0."""
+    """A multi-program call after the workspace's tickets, accumulators and expert marks were knocked
+    out of step (as an aborted launch, or a second stream on the same workspace, would leave them)
+    still gives the reference's mask, routing and metrics: every multi-program launch starts its
+    counters and accumulators at 0."""
     num_tokens, num_experts = 64, 128
     assert not plan_launch(num_tokens, num_experts, 1, False).single
     cfg = PrunerConfig(policy=policy, k0=1, budget=8, max_experts=16 if policy == "moe-spec" else None)
@@ -499,6 +500,9 @@ def test_knocked_tickets_never_reach_the_next_call(entry, policy) -> None:
         workspace.tickets.copy_(torch.tensor(knock, dtype=torch.int32))
         workspace.used.fill_(1)
         workspace.picked.fill_(1)
+        workspace.aggregate.fill_(knock[1] << 20)  # stale accumulators, as a lost call would leave them
+        workspace.warm_marks.fill_(1)
+        workspace.lynx_counts.fill_(3)
         call = routing_call(second, 8, device=DEVICE, num_valid_tokens=60, as_tensor=True)
         want_metrics = torch.zeros(4, dtype=torch.int64)
         want = prune_route_reference(routing_call(second, 8, num_valid_tokens=60), cfg, metrics_row=want_metrics)

@@ -3,20 +3,21 @@
 Three kernels, launched from ``prune_route.py``:
 
 1. ``select_kernel`` - grid of P programs over the tokens.  Each program reads its rows once and
-   writes per-program partials (aggregate scores, warm-up sets, per-request sets, LYNX bin counts)
-   to the workspace, then takes a ticket from an atomic counter.  The program holding the last
-   ticket reduces the partials and applies the policy's set rule, the ``max_experts`` cap and the
-   token range, writes the keep mask and (with metrics) the kept count and retained score mass.
-   The wrapper zeroes the counters before every launch with P > 1 (a counter left out of step by
-   an aborted launch, or by any other writer, can then never stop a later call from finding its
-   last program).  With P = 1 (``SINGLE``) there is no ticket, and the same program then
-   routes every row itself: one launch for the whole layer call.
+   adds its share (aggregate scores, warm-up and per-request marks, LYNX bin counts) into the
+   workspace's accumulators with integer atomics, then takes a ticket from an atomic counter.  The
+   program holding the last ticket loads the accumulators and applies the policy's set rule, the
+   ``max_experts`` cap and the token range, writes the keep mask and (with metrics) the kept count
+   and retained score mass.  The wrapper zeroes tickets and accumulators before every launch with
+   P > 1 (a counter left out of step by an aborted launch, or by any other writer, can then never
+   stop a later call from finding its last program).  With P = 1 (``SINGLE``) there is no ticket,
+   and the same program then routes every row itself: one launch for the whole layer call.
 2. ``lynx_pick_kernel`` - LYNX with P > 1 only: the selection's last program ranks the experts by
    their LYNX sums and stops; this kernel takes every row's picks in parallel (one tile per program)
    and its last program finishes the mask.
 3. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
    the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, the
-   programs mark the experts they route to, and the last one counts them.
+   programs mark the experts they route to, and the last one counts them.  For policy ``none``
+   (``ALL_KEPT``) it is the only launch: program 0 writes the full mask.
 
 Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the machine-code counts):
 
@@ -34,8 +35,12 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   the float64 quotient by its integer remainder (``floor_div``).  Exact: numerator and denominator are
   exact in float64, the quotient is off by less than one, and one remainder test fixes it.  LYNX's
   base-T digits use the same division.
+* The last program summed up to 64 per-program partials, one round of loads per program; it now
+  loads one accumulator the programs added into with atomics.  Exact: integer sums and maxima do not
+  depend on the order the atomics land in.
 * LYNX took every row's picks in the last program (linear in T); with P > 1 they run in
-  ``lynx_pick_kernel``, one tile per program.
+  ``lynx_pick_kernel``, one tile per program, with one int64 key per entry so each pick is one max.
+  Its bin counts are one histogram per tile (``lynx_bin_counts``) instead of one column sum per bin.
 * Argmax rounds over a row (the warm-up ranks, the routing top-k, LYNX picks) compare int32 keys when
   the logits are bfloat16 or float16 (``pack_key``): half the shuffles of an int64 reduction.  Exact:
   a 16-bit float's value in float32 has its low mantissa bits zero, so the shifted ordered bits of two

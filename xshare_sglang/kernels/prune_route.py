@@ -184,6 +184,8 @@ class SelectionWorkspace:
         self.num_experts = num_experts
         self.device = canonical_device(device)
         kw = dict(device=self.device)
+        # placeholders for optional pointer arguments (vote weights, bias, metrics, ranks, outputs of
+        # a keep-mask-only call): passed where a constexpr flag says the kernel never touches them
         self.prim = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.flag = torch.zeros(num_experts, dtype=torch.int8, **kw)
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)

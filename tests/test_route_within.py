@@ -80,3 +80,47 @@ def test_rejects_bad_arguments() -> None:
         route_within(logits, keep, top_k=2, scoring="tanh")
     with pytest.raises(ValueError, match="keep"):
         route_within(logits, keep[:4], top_k=2)
+
+
+def test_model_routing_is_kept_rows() -> None:
+    """Which rows may take the model's own routing: all picks kept, or a missing pick tied with a
+    kept expert the model left out; never grouped routers, scaled outputs or non-finite rows; for
+    softmax without renormalization only when every finite expert is kept."""
+    from xshare_sglang.policies.call import RouterSpec
+    from xshare_sglang.policies.routing import adopt_model_routing, model_routing_is_kept
+
+    logits = torch.tensor(
+        [
+            [4.0, 3.0, 2.0, 1.0, 0.0, -1.0],  # picks 0, 1: both kept
+            [4.0, 3.0, 2.0, 1.0, 0.0, -1.0],  # picks 0, 2 (model's order): 2 not kept, no tie
+            [1.0, 3.0, 3.0, 0.0, 0.0, 0.0],  # picks 1, 2: 2 not kept, ties with kept 1? no: 1 is picked
+            [5.0, 2.0, 0.0, 2.0, 0.0, 0.0],  # picks 0, 3: 3 not kept, ties with kept, unpicked 1
+            [float("nan"), 3.0, 2.0, 1.0, 0.0, 0.0],  # not finite
+        ]
+    )
+    keep = torch.tensor([True, True, False, False, True, False])
+    model_ids = torch.tensor([[0, 1], [0, 2], [1, 2], [0, 3], [1, 2]])
+    model_weights = torch.full((5, 2), 0.5)
+    router = RouterSpec(2)
+    rows = model_routing_is_kept(logits, keep, router, model_ids, model_weights)
+    assert rows.tolist() == [True, False, False, True, False]
+    grouped = RouterSpec(2, num_expert_group=2, topk_group=1)
+    assert not model_routing_is_kept(logits, keep, grouped, model_ids, model_weights).any()
+    scaled = RouterSpec(2, routed_scaling_factor=2.5)
+    assert not model_routing_is_kept(logits, keep, scaled, model_ids, model_weights).any()
+    raw = RouterSpec(2, renormalize=False)
+    assert not model_routing_is_kept(logits, keep, raw, model_ids, model_weights).any()
+    every = torch.ones(6, dtype=torch.bool)
+    assert model_routing_is_kept(logits, every, raw, model_ids, model_weights).tolist() == [True] * 4 + [False]
+    inf_weights = model_weights.clone()
+    inf_weights[0, 0] = float("inf")
+    assert not model_routing_is_kept(logits, keep, router, model_ids, inf_weights)[0]
+
+    ids = torch.tensor([[1, 0], [0, 1], [-1, -1], [0, 1], [0, 1]], dtype=torch.int32)
+    weights = torch.full((5, 2), 0.25)
+    weights[2] = 0.0
+    taken_rows = torch.tensor([True, False, True, True, False])
+    new_ids, new_weights, taken = adopt_model_routing(ids, weights, model_ids, model_weights, taken_rows)
+    assert taken.tolist() == [True, False, False, True, False]  # row 2 routes nowhere: left alone
+    assert new_ids.dtype == torch.int32 and new_ids.tolist() == [[0, 1], [0, 1], [-1, -1], [0, 3], [0, 1]]
+    assert new_weights[:, 0].tolist() == [0.5, 0.25, 0.0, 0.5, 0.25]

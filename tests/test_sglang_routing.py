@@ -128,7 +128,7 @@ def test_biased_grouped_sigmoid_routing(sglang_env) -> None:
     """DeepSeek-V3-like routing (sigmoid, correction bias, 8 groups, top-4 groups): the bias is masked
     with the logits, so no pick lands on a pruned expert; weights stay finite; padding rows are -1."""
     config = sglang_env.configs["deepseek"]
-    pruner = PrunerConfig(policy="xshare", k0=2, budget=6)
+    pruner = PrunerConfig(policy="xshare", k0=2, budget=20)
     runtime = _publish(sglang_env.configs, pruner)
     for seed in (0, 1):
         logits = _logits(seed)
@@ -174,6 +174,59 @@ def test_bias_is_masked_with_the_logits(sglang_env) -> None:
     # with the bias left unmasked SGLang would keep picking pruned experts (all then dropped)
     unmasked_ids, _ = sglang_select_experts(config, masked_logits)
     assert (~keep[unmasked_ids[:NUM_VALID].long()]).sum() > (ids[:NUM_VALID] < 0).sum()
+
+
+def _tied_logits(seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Router logits on a coarse grid, so many rows hold ties among and around their top-k."""
+    logits = torch.randn(NUM_TOKENS, NUM_EXPERTS, generator=torch.Generator().manual_seed(seed))
+    return (torch.round(logits * 4) / 4).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_keep_all_routes_bit_for_bit_as_sglang(sglang_env, dtype, seed) -> None:
+    """A mask that keeps every expert the tokens pick (xshare with k0 = top_k and no budget) serves
+    SGLang's own routing exactly: same ids in the same slot order (ties included), same weight bits."""
+    config = sglang_env.configs["qwen3"]
+    pruner = PrunerConfig(policy="xshare", k0=TOP_K, budget=0)
+    for logits in (_logits(seed).to(dtype), _tied_logits(seed, dtype)):
+        set_runtime(None)
+        want_ids, want_weights = sglang_select_experts(config, logits)
+        runtime = _publish(sglang_env.configs, pruner)
+        ids, weights = sglang_select_experts(config, logits)
+        keep = runtime.layers[id(config)].keep
+        assert keep.sum() < NUM_EXPERTS  # a real mask: the experts no token picks are pruned
+        assert torch.equal(ids[:NUM_VALID], want_ids[:NUM_VALID].to(ids.dtype))
+        assert torch.equal(weights[:NUM_VALID], want_weights[:NUM_VALID])
+        assert (ids[NUM_VALID:] == -1).all()
+
+
+def test_model_routing_is_adopted_only_where_exact(sglang_env) -> None:
+    """Rows that lose one of their own experts route inside the mask as the reference does; rows that
+    keep all of theirs take SGLang's routing, except under softmax without renormalization, where the
+    weights are shares of every kept expert and only a mask keeping every expert qualifies."""
+    pruner = PrunerConfig(policy="xshare", k0=2, budget=20)
+    logits = _tied_logits(5, torch.bfloat16)
+    for name in ("qwen3", "qwen3_raw"):
+        config = sglang_env.configs[name]
+        set_runtime(None)
+        own_ids, own_weights = sglang_select_experts(config, logits)
+        runtime = _publish(sglang_env.configs, pruner)
+        ids, weights = sglang_select_experts(config, logits)
+        keep = runtime.layers[id(config)].keep
+        ref_ids, ref_weights = route_within(logits, keep, top_k=TOP_K, renormalize=config.renormalize)
+        inside = keep[own_ids[:NUM_VALID].long()].all(dim=1)
+        assert inside.any() and not inside.all()  # both kinds of rows occur
+        for t in range(NUM_VALID):
+            if inside[t] and config.renormalize:
+                assert torch.equal(ids[t], own_ids[t].to(ids.dtype)) and torch.equal(weights[t], own_weights[t])
+            else:
+                # the same experts up to ties (equal logits): the reference takes the lower index
+                chosen, ref_chosen = logits[t, ids[t].long()], logits[t, ref_ids[t].long()]
+                assert torch.equal(chosen.sort().values, ref_chosen.sort().values), t
+                torch.testing.assert_close(weights[t].sort().values, ref_weights[t].sort().values)
+                if not config.renormalize:  # shares of the kept experts: more than SGLang's unpruned weights
+                    assert weights[t].sum() > own_weights[t].sum()
 
 
 def test_unpruned_calls_are_bit_identical(sglang_env) -> None:

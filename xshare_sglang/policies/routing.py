@@ -185,3 +185,90 @@ def route_within(
     )
     valid = valid_token_mask(num_tokens, num_valid_tokens, logits.device)[:, None]
     return torch.where(valid, ids, -1).to(torch.int32), torch.where(valid, weights, 0.0)
+
+
+def model_routing_is_kept(
+    logits: torch.Tensor,
+    keep: torch.Tensor,
+    router: RouterSpec,
+    model_ids: torch.Tensor,
+    model_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Rows whose unpruned routing is also their pruned routing, exactly, [T] bool.
+
+    Substitution coverage routes a token among its kept experts as the model's router would route
+    the masked logits.  When every expert the token's unpruned routing picks is kept, that routing is
+    already the answer: masking lower-ranked experts changes neither which experts rank first nor
+    (with renormalized softmax, or sigmoid scoring) their weights.  A pick that is not kept still
+    qualifies when it ties (equal logit) with a kept expert the model did not pick: the selection
+    breaks ties by the lower index, SGLang's top-k by its own order, and both are a top-k of the row
+    (the caller adds such picks to the mask).  The weights of a softmax router that does not
+    renormalize are shares of all the token's experts, so there the row qualifies only when the mask
+    keeps every expert with a finite logit.  Grouped routers never qualify (masking an expert can
+    move its group's rank), nor do rows whose unpruned routing is not finite.
+
+    Parameters
+    ----------
+    logits : Tensor, shape [T, E]
+        The call's router logits, unsanitized.
+    keep : Tensor, shape [E], bool
+    router : RouterSpec
+    model_ids : Tensor, shape [T, k], integer
+        The model's own routing of the unmasked logits (``-1`` for an empty slot).
+    model_weights : Tensor, shape [T, k], float
+
+    Returns
+    -------
+    Tensor, shape [T], bool
+    """
+    num_tokens, num_experts = logits.shape
+    if router.grouped or router.routed_scaling_factor is not None:
+        return torch.zeros(num_tokens, dtype=torch.bool, device=logits.device)
+    picked = model_ids.to(torch.int64)
+    filled = (picked >= 0) & (picked < num_experts)
+    slot_expert = picked.clamp(0, num_experts - 1)
+    kept = keep[slot_expert]
+    # a pick outside the mask that ties with a kept expert the model left out
+    model_picked = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, slot_expert, filled)
+    spare = keep & ~model_picked  # [T, E]
+    tied = (logits.gather(-1, slot_expert)[..., None] == logits[:, None, :]) & spare[:, None, :]
+    inside = torch.where(filled, kept | tied.any(-1), picked < 0).all(-1)
+    inside &= torch.isfinite(model_weights).all(-1) & ~torch.isnan(logits).any(-1)
+    if router.scoring == "softmax" and not router.renormalize:
+        inside &= (keep | (logits == float("-inf"))).all(-1)
+    return inside
+
+
+def adopt_model_routing(
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    model_ids: torch.Tensor,
+    model_weights: torch.Tensor,
+    rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pruned routing with ``rows`` replaced by the model's own, bit for bit.
+
+    Only rows the pruned routing sends somewhere are replaced (padding rows, and rows of vote weight
+    0, stay empty).
+
+    Parameters
+    ----------
+    ids, weights : Tensor, shape [T, k]
+        The pruned routing (int32, float32).
+    model_ids, model_weights : Tensor, shape [T, k]
+        The model's unpruned routing of the same logits.
+    rows : Tensor, shape [T], bool
+        :func:`model_routing_is_kept`.
+
+    Returns
+    -------
+    ids, weights : Tensor, shape [T, k], int32 and float32
+    taken : Tensor, shape [T], bool
+        The rows replaced.
+    """
+    take = (rows & (ids[:, 0] >= 0))[:, None]
+    return (
+        torch.where(take, model_ids.to(ids.dtype), ids),
+        torch.where(take, model_weights.to(weights.dtype), weights),
+        take[:, 0],
+    )

@@ -36,6 +36,7 @@ from ..kernels import SelectionWorkspace, prune_route, select_keep_mask, workspa
 from ..policies.apply import mask_router_inputs
 from ..policies.call import RouterSpec, RoutingCall
 from ..policies.rewrite import rewrite_routing
+from ..policies.routing import adopt_model_routing, model_routing_is_kept
 from .settings import PluginSettings
 
 logger = logging.getLogger(__name__)
@@ -259,20 +260,44 @@ class PrunerRuntime:
         return router_logits, masked_bias
 
     def route(
-        self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
+        self,
+        call: ActiveCall,
+        router_logits: torch.Tensor,
+        correction_bias: torch.Tensor | None,
+        model_routing: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The fused path: keep mask, routed ids [T, k] int32 and weights [T, k] float32 of this call,
-        with the layer's metrics accumulated.  None on any error (the call then runs unpruned)."""
+        with the layer's metrics accumulated.  None on any error (the call then runs unpruned).
+
+        ``model_routing`` returns SGLang's own routing of the unmasked logits ([T, k] ids and
+        weights); the hook passes it only where SGLang routes the layer with its torch-native top-k
+        (the CPU engine), whose cost is small next to a CPU forward.  Rows whose own routing lies
+        inside the keep mask then take it verbatim, so a mask that keeps every expert the tokens pick
+        serves exactly what SGLang serves unpruned
+        (:func:`~xshare_sglang.policies.routing.model_routing_is_kept`).  On CUDA SGLang's top-k
+        would cost what the kernels save; there the kernels' weights differ from SGLang's by
+        rounding only (docs/policies.md states the bound).
+        """
         layer = call.layer
         try:
-            ids, weights, _ = prune_route(
-                self.routing_call(call, router_logits, correction_bias),
+            routing = self.routing_call(call, router_logits, correction_bias)
+            ids, weights, keep = prune_route(
+                routing,
                 self.scope.cfg,
                 fill_dropped=layer.fill_dropped,
                 keep_out=layer.keep,
                 metrics_row=self.metrics[layer.row],
                 workspace=self._workspace(router_logits),
             )
+            if model_routing is not None:
+                model_ids, model_weights = model_routing()
+                rows = model_routing_is_kept(router_logits, keep, routing.router, model_ids, model_weights)
+                ids, weights, taken = adopt_model_routing(ids, weights, model_ids, model_weights, rows)
+                # picks that tie with a kept expert join the mask (SGLang broke the tie the other way)
+                num_experts = keep.shape[0]
+                served = torch.where(taken[:, None] & (model_ids >= 0), model_ids.to(torch.int64), num_experts)
+                joined = torch.zeros(num_experts + 1, dtype=torch.bool, device=keep.device)
+                keep |= joined.scatter_(0, served.flatten(), True)[:num_experts]
         except Exception as exc:  # a pruner fault must never take the server down
             self.record_fault(layer, exc)
             return None

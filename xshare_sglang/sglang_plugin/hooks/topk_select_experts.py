@@ -10,8 +10,10 @@ layer's router is one the kernels reproduce and SGLang would not override this c
 (per-token bias, partial logits, a routing simulation, ROCm aiter, LoRA's packed top-k), run
 SGLang's input transform, route with :meth:`PrunerRuntime.route`, then SGLang's own post-processing
 (logical-to-physical expert mapping, padding, routed-experts capture) and its expert-distribution
-recorder, and return SGLang's ``StandardTopKOutput``.  Otherwise run SGLang's function, where the
-masking and rewrite hooks prune it.  A fault in the fused path leaves the call unpruned.
+recorder, and return SGLang's ``StandardTopKOutput``.  Where SGLang would route the layer with its
+torch-native top-k (the CPU engine), the runtime is also handed that top-k of the unmasked logits,
+so tokens whose own experts are all kept get SGLang's routing bit for bit.  Otherwise run
+SGLang's function, where the masking and rewrite hooks prune it.  A fault in the fused path leaves the call unpruned.
 Remove when: SGLang routes through a pluggable TopK whose subclass can carry this state.
 """
 
@@ -71,7 +73,7 @@ def _route_fused(runtime, call, bound: dict):
     router_logits, correction_bias = topk.expert_location_dispatch.transform_select_experts_inputs(
         router_logits=bound["router_logits"], correction_bias=topk_config.correction_bias, info=info
     )
-    routed = runtime.route(call, router_logits, correction_bias)
+    routed = runtime.route(call, router_logits, correction_bias, _model_routing(bound, router_logits, correction_bias))
     if routed is None:
         return None
     ids, weights = routed
@@ -94,6 +96,34 @@ def _route_fused(runtime, call, bound: dict):
     if recorder_ids is not None:
         topk.get_global_expert_distribution_recorder().on_select_experts(topk_ids=recorder_ids)
     return topk.StandardTopKOutput(topk_weights, topk_ids, router_logits)
+
+
+def _model_routing(bound: dict, router_logits, correction_bias):
+    """SGLang's own routing of the unmasked logits, as a deferred call, where select_experts would
+    run SGLang's torch-native top-k for this layer (its CPU path); None elsewhere."""
+    from sglang.srt.layers.moe import topk
+
+    topk_config = bound["topk_config"]
+    if (
+        not topk_config.torch_native
+        or topk_config.use_grouped_topk
+        or topk_config.custom_routing_function is not None
+        or topk_config.num_shared_topk_slots
+    ):
+        return None
+
+    def run():
+        weights, ids = topk.fused_topk_native(
+            hidden_states=bound["hidden_states"],
+            gating_output=router_logits,
+            topk=topk_config.top_k,
+            renormalize=topk_config.renormalize,
+            correction_bias=correction_bias,
+            scoring_func=topk_config.scoring_func,
+        )
+        return ids, weights
+
+    return run
 
 
 def _record(runtime, topk_config, router_logits) -> None:

@@ -1,0 +1,83 @@
+"""Keep-all is the unpruned model: a live pruned server whose masks hold every expert the tokens pick
+answers with the same tokens and the same logprobs, bit for bit, as an unpruned server.
+
+``--moe-pruner xshare --moe-pruner-k0 4 --moe-pruner-budget 0`` on the tiny model (top-4) keeps, per
+layer call, the union of every token's own four experts and prunes the rest.  SGLang's CPU engine
+routes with its torch-native top-k; the plugin hands each token whose experts are all kept that very
+routing (``PrunerRuntime.route``), so nothing downstream can tell the two servers apart: not in
+float32, not in bfloat16 (where tied logits are common), neither one request at a time nor with the
+held-out prompts batched together.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import requests
+
+from tests.live_server import LiveServer
+from xshare_sglang.tiny.tiny_demo import heldout_texts
+from xshare_sglang.tiny.tiny_model import tiny_model_dir
+
+pytestmark = pytest.mark.live_server
+
+NEW_TOKENS = 16
+PROMPT_TOKENS = 24
+NUM_PROMPTS = 20
+KEEP_ALL = ["--moe-pruner", "xshare", "--moe-pruner-k0", "4", "--moe-pruner-budget", "0"]
+KEPT = re.compile(r"activated experts ([0-9.]+), kept ([0-9.]+)")
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    """Twenty held-out openings, code, math and prose in turn, 24 tokens each."""
+    texts = {domain: heldout_texts(tiny_model_dir(), domain) for domain in ("code", "math", "prose")}
+    chosen = [texts[domain][i] for i in range(7) for domain in texts][:NUM_PROMPTS]
+    return [tokenizer(text)["input_ids"][:PROMPT_TOKENS] for text in chosen]
+
+
+def _generate(server: LiveServer, input_ids) -> list[tuple[list[int], list[float]]]:
+    """Greedy tokens and their logprobs, for one prompt or a batch sent in one request."""
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    response = requests.post(server.url + "/generate", json=body, timeout=300)
+    response.raise_for_status()
+    answers = response.json()
+    answers = answers if isinstance(answers, list) else [answers]
+    return [
+        (answer["output_ids"], [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]])
+        for answer in answers
+    ]
+
+
+def _serve(flags: list[str], dtype: str, prompts, log_path) -> tuple[list, list, str]:
+    """One server's answers to the prompts one at a time, then all of them in one batch; its log."""
+    server = LiveServer(["--dtype", dtype, *flags], log_path).start()
+    try:
+        alone = [_generate(server, prompt)[0] for prompt in prompts]
+        batched = _generate(server, prompts)
+        return alone, batched, server.log()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_keep_all_server_answers_as_the_unpruned_one(dtype, reference, tmp_path) -> None:
+    _, tokenizer = reference
+    prompts = _prompts(tokenizer)
+    assert len(prompts) == NUM_PROMPTS and all(len(p) == PROMPT_TOKENS for p in prompts)
+    plain = _serve([], dtype, prompts, tmp_path / "unpruned.log")
+    pruned = _serve([*KEEP_ALL, "--moe-pruner-log-interval", "1"], dtype, prompts, tmp_path / "keep_all.log")
+
+    log = pruned[2]
+    assert "policy=xshare" in log, "the pruned server never proved the plugin active"
+    kept = [float(m.group(2)) for m in KEPT.finditer(log)]
+    assert kept and min(kept) < 32, "keep-all never pruned an expert: the test would prove nothing"
+    assert "selection failed" not in log and re.search(r"selection fallbacks [1-9]", log) is None
+    for arm in (0, 1):  # one at a time, then batched
+        for i, (want, got) in enumerate(zip(plain[arm], pruned[arm], strict=True)):
+            assert got[0] == want[0], f"prompt {i}: tokens differ ({'batched' if arm else 'alone'})"
+            assert got[1] == want[1], f"prompt {i}: logprobs differ ({'batched' if arm else 'alone'})"

@@ -422,7 +422,8 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
     """Exit 2 at launch, naming both flags and what to do instead: attention DP on the standard MoE path
     (both spellings), unverified all-to-all backends, elastic EP, prefill pruning while SGLang captures
     prefill CUDA graphs (its default on CUDA), torch.compile, and prefill-decode multiplexing with both
-    prefill and decode pruned (two streams at once).  The same modes without the pruner, and the
+    prefill and decode pruned (two streams at once), and a batch-level policy in any phase under
+    deterministic inference.  The same modes without the pruner, and the
     supported neighbours, are accepted."""
     pruner = ["--moe-pruner", "xshare"]
     extend = [*pruner, "--moe-pruner-phases", "decode,extend"]
@@ -437,6 +438,12 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "deepep_fusion": [*pruner, "--moe-a2a-backend", "deepep", "--enforce-shared-experts-fusion"],
         "waterfill": [*pruner, "--enable-waterfill"],
         "pdmux_both": [*extend, "--enable-pdmux", "--disable-overlap-schedule", "--chunked-prefill-size", "-1"],
+        "deterministic": [*pruner, "--enable-deterministic-inference"],
+        "deterministic_spec": [
+            "--moe-pruner-config",
+            '{"policy": "none", "verify": {"policy": "moe-spec", "max_experts": 16}}',
+            "--enable-deterministic-inference",
+        ],
         # accepted
         "attn_dp_unpruned": ["--tp-size", "2", "--attn-dp-size", "2"],
         "attn_dp_deepep": [*pruner, "--tp-size", "2", "--attn-dp-size", "2", "--moe-a2a-backend", "deepep"],
@@ -445,6 +452,8 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "tp2": [*pruner, "--tp-size", "2"],
         "torch_compile_unpruned": ["--enable-torch-compile"],
         "pdmux_decode_only": [*pruner, "--enable-pdmux", "--disable-overlap-schedule", "--chunked-prefill-size", "-1"],
+        "deterministic_none": ["--moe-pruner", "none", "--enable-deterministic-inference"],
+        "deterministic_unpruned": ["--enable-deterministic-inference"],
     }
     report = parse_in_fresh_process(cases)
     refused = {
@@ -458,6 +467,8 @@ def test_launch_refuses_modes_the_pruner_cannot_honour() -> None:
         "deepep_fusion": ["--enforce-shared-experts-fusion with --moe-a2a-backend deepep", "per-rank"],
         "waterfill": ["--moe-pruner does not support --enable-waterfill"],
         "pdmux_both": ["--moe-pruner-phases decode,extend with --enable-pdmux", "two streams"],
+        "deterministic": ["--moe-pruner xshare with --enable-deterministic-inference", "--moe-pruner none"],
+        "deterministic_spec": ["--moe-pruner moe-spec with --enable-deterministic-inference"],
     }
     for name, fragments in refused.items():
         code, stderr = report[name]

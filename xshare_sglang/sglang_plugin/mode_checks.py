@@ -26,6 +26,9 @@ do instead; the launch then ends with exit code 2.  What is refused, and why:
   single-batch overlap, EAGLE's planning stream and the overlap scheduler fork and join around the
   shared expert or communication, never around two routing calls.  The selection kernels' scratch
   memory is kept per stream in any case.)
+* ``--enable-deterministic-inference`` with any policy but ``none``: SGLang's deterministic mode
+  promises that a request's output does not depend on the rest of the batch, and a keep mask chosen
+  for the batch breaks that promise (docs/serving.md, "Batch dependence");
 * ``--enable-torch-compile``: the compiled decode forward traces through the routing hooks (guards
   on the pruner's state, graph breaks around its kernels), which has not been shown to replay the
   same routing as an eager pruned forward; on the CPU engine its graph mode also needs an attention
@@ -121,6 +124,15 @@ def unsupported_mode_reason(args: Any, settings: PluginSettings) -> str | None:
             "decode forwards at the same time on two streams, and both would write the same layers' pruning "
             f"state. Leave {', '.join(pruned_prefill)} out of {PHASES_FLAG} (the default phases are decode,verify), "
             "or serve without --enable-pdmux"
+        )
+    phase_configs = [settings.config_for(p) for p in (*DECODE_PHASES, *PREFILL_PHASES)]
+    batch_level = sorted({cfg.policy for cfg in phase_configs if cfg is not None} - {"none"})
+    if batch_level and _value(args, "enable_deterministic_inference", False):
+        return (
+            f"{flag} {','.join(batch_level)} with --enable-deterministic-inference: the pruner chooses one set of "
+            "experts for the whole batch, so a request's output depends on what else is batched with it, "
+            f"which deterministic inference exists to rule out. Serve without one of the two ({flag} none keeps "
+            "the plugin loaded and prunes nothing)"
         )
     if pruned_prefill and prefill_graphs_on(args):
         return (

@@ -5,6 +5,11 @@ Every flag defaults to ``None`` on the parser, so that only the flags a user act
 ``--moe-pruner-config`` and the environment; the help text shows the effective defaults.  What was
 typed is merged once (:func:`typed_settings`) and validated once into the frozen settings; an error
 names the flag, the config flag or the environment variable that set the value at fault.
+
+A refused value ends the launch as argparse would (exit code 2), but with one line on stderr and
+none of the parser's usage text, which for SGLang's parser runs to hundreds of lines: the flags
+check their values in :class:`CheckedValue` instead of argparse's ``type=`` / ``choices=``, and the
+launch hook reports through :func:`usage_error`.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import argparse
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 from ..config import BUDGET_ALLOCATIONS, COVERAGES, PHASES, POLICIES, RANKINGS, SCOPES, SCORES, PrunerConfig
 from ..errors import ConfigError
@@ -58,6 +64,82 @@ TRACE_FLAGS = {
     "trace_every": "--moe-pruner-trace-every",
     "trace_max_mb": "--moe-pruner-trace-max-mb",
 }
+#: The program name SGLang's launcher parses under, and where its flags are listed.
+LAUNCH_PROG = "sglang serve"
+HELP_HINT = "see python -m sglang.launch_server --help"
+
+
+def usage_error(message: str, prog: str = LAUNCH_PROG) -> NoReturn:
+    """End the launch for a bad setting: one line ``prog: error: message; see ... --help`` on stderr
+    and exit code 2, as argparse's ``error`` but without the usage text.
+
+    Parameters
+    ----------
+    message : str
+        Names the flag, the value and what is allowed; line breaks in it are joined into one line.
+    prog : str
+        The program name the line starts with.
+
+    Raises
+    ------
+    SystemExit
+        Always, with code 2.
+    """
+    line = re.sub(r"\s*\n\s*", " ", message.strip())
+    sys.stderr.write(f"{prog}: error: {line}; {HELP_HINT}\n")
+    sys.stderr.flush()
+    raise SystemExit(2)
+
+
+class CheckedValue(argparse.Action):
+    """Store a flag's value after the flag's own check, refusing a bad value in one line.
+
+    Stands in for argparse's ``type=`` and ``choices=``, whose failures make the parser print its
+    whole usage text before the error.  The message keeps argparse's wording
+    (``argument --moe-pruner-k0: must be >= 0, got -1``).  A parser built with
+    ``exit_on_error=False`` gets the :class:`argparse.ArgumentError` instead.
+
+    Parameters
+    ----------
+    convert : callable, optional
+        Turns the typed text into the value; raises ``argparse.ArgumentTypeError`` or ``ValueError``
+        naming what is allowed.  None keeps the text.
+    allowed : sequence of str, optional
+        The values accepted, after ``convert``.
+    """
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        convert: Callable[[str], Any] | None = None,
+        allowed: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.convert = convert
+        self.allowed = tuple(allowed) if allowed is not None else None
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        try:
+            value = values if self.convert is None else self.convert(values)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            self._refuse(parser, str(exc))
+        if self.allowed is not None and value not in self.allowed:
+            choices = ", ".join(repr(choice) for choice in self.allowed)
+            self._refuse(parser, f"invalid choice: {value!r} (choose from {choices})")
+        setattr(namespace, self.dest, value)
+
+    def _refuse(self, parser: argparse.ArgumentParser, reason: str) -> NoReturn:
+        error = argparse.ArgumentError(self, reason)
+        if not getattr(parser, "exit_on_error", True):
+            raise error
+        usage_error(str(error), getattr(parser, "prog", None) or LAUNCH_PROG)
+
+
+def _choices_metavar(choices: Sequence[str]) -> str:
+    """How argparse shows a flag's choices in the help text."""
+    return "{" + ",".join(choices) + "}"
 
 
 def _non_negative_int(text: str) -> int:
@@ -200,23 +282,30 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         FLAG_PREFIX,
-        choices=POLICIES,
+        action=CheckedValue,
+        allowed=POLICIES,
+        metavar=_choices_metavar(POLICIES),
         default=None,
         help="expert-pruning policy (default: none, the pruner is off)",
     )
     for spec in FIELD_FLAGS:
         metavar = spec.metavar or {_real: "X", _non_negative_int: "N", _positive_int: "N"}.get(spec.type)
+        if metavar is None and spec.choices is not None:
+            metavar = _choices_metavar(spec.choices)
         group.add_argument(
             spec.flag,
-            type=spec.type,
-            choices=spec.choices,
+            action=CheckedValue,
+            convert=spec.type,
+            allowed=spec.choices,
             default=None,
             metavar=metavar,
             help=f"{spec.help} (default: {_default_text(spec.field)})",
         )
     group.add_argument(
         VERIFY_FLAG,
-        choices=POLICIES,
+        action=CheckedValue,
+        allowed=POLICIES,
+        metavar=_choices_metavar(POLICIES),
         default=None,
         help="policy of speculative verify forwards (EAGLE target verify), e.g. xshare-spec; the other "
         "settings are shared with decode unless the JSON config overrides them under 'verify' "
@@ -230,7 +319,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         LOG_INTERVAL_FLAG,
-        type=_non_negative_int,
+        action=CheckedValue,
+        convert=_non_negative_int,
         default=None,
         metavar="N",
         help=f"log and export pruning metrics every N pruned forwards, 0 = never (default: {DEFAULT_LOG_INTERVAL})",
@@ -255,7 +345,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     _add_options(group, TRACE_FLAGS, trace_options)
     group.add_argument(
         GUARD_FLAGS["guard"],
-        choices=GUARDS,
+        action=CheckedValue,
+        allowed=GUARDS,
+        metavar=_choices_metavar(GUARDS),
         default=None,
         help="auto: at start-up, time the MoE layers unpruned and pruned for every real-token bucket the server "
         "runs and prune only where pruning is faster by the margin; off: prune every call (default: off)",
@@ -328,7 +420,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def _add_options(group, flags: dict[str, str], options) -> None:
     """Add ``(field, type, metavar, help)`` rows as flags defaulting to None (only typed flags override)."""
     for field, kind, metavar, text in options:
-        group.add_argument(flags[field], type=kind, default=None, metavar=metavar, help=text)
+        convert = None if kind is str else kind
+        group.add_argument(flags[field], action=CheckedValue, convert=convert, default=None, metavar=metavar, help=text)
 
 
 def flag_for_field(field: str) -> str:
@@ -443,7 +536,9 @@ def typed_settings(
         try:
             typed.update(read_config(config_text), CONFIG_FLAG)
         except ConfigError as exc:
-            raise exc.named(CONFIG_FLAG) from None
+            # a file the message does not name is named after the flag; typed JSON text is not repeated
+            quiet = config_text.lstrip().startswith("{") or config_text in str(exc)
+            raise exc.named(CONFIG_FLAG if quiet else f"{CONFIG_FLAG} {config_text}") from None
     flags = [(spec.field, spec.dest, spec.flag) for spec in FIELD_FLAGS]
     flags += [("policy", "moe_pruner", FLAG_PREFIX), ("log_interval", "moe_pruner_log_interval", LOG_INTERVAL_FLAG)]
     flags += [(field, f"moe_pruner_{field}", flag) for field, flag in {**TRACE_FLAGS, **GUARD_FLAGS}.items()]

@@ -17,6 +17,7 @@ from ..devices import canonical_device
 from ..policies.call import RouterSpec
 from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.rewrite import METRIC_COLUMNS
+from .model_shape import check_layer_routing, check_ranking_layers
 from .moe_backends import dropped_slots_filled
 from .runtime import LayerState, PrunerRuntime
 from .settings import PluginSettings
@@ -158,7 +159,12 @@ def expert_bytes_by_layer(model: torch.nn.Module) -> dict[int, int]:
 
 
 def check_model(cfg: PrunerConfig, layers: list[MoeLayer], *, ep_size: int) -> None:
-    """Raise :class:`PrunerSetupError` for any config value this model cannot take."""
+    """Raise :class:`PrunerSetupError` for any config value this model cannot take.
+
+    The checks that need only the routing shape (``k0`` against top-k, the calibration file's expert
+    and layer counts) are those of :mod:`.model_shape`, which also run at launch on the model's
+    ``config.json``.
+    """
     from sglang.srt.layers.moe.topk import TopKOutputFormat
 
     if not layers:
@@ -187,18 +193,13 @@ def check_model(cfg: PrunerConfig, layers: list[MoeLayer], *, ep_size: int) -> N
             )
         top_k = config.top_k - config.num_shared_topk_slots
         try:
-            cfg.validate_for_model(top_k=top_k, num_experts=num_experts)
+            check_layer_routing(cfg, top_k=top_k, num_experts=num_experts)
         except ValueError as exc:
             raise PrunerSetupError(f"moe-pruner: {exc} (layer {topk.layer_id})") from None
-    ranking = cfg.static_ranking
-    if ranking is not None:
-        last_layer = max(layer.topk.layer_id for layer in layers)
-        if last_layer >= ranking.num_layers:
-            raise PrunerSetupError(
-                f"moe-pruner: --moe-pruner-static-ranking-path {cfg.static_ranking_path} has "
-                f"{ranking.num_layers} layers, but the model has MoE layer {last_layer} (rows are "
-                "indexed by layer id)"
-            )
+    try:
+        check_ranking_layers(cfg, last_moe_layer=max(layer.topk.layer_id for layer in layers))
+    except ValueError as exc:
+        raise PrunerSetupError(f"moe-pruner: {exc}") from None
     if cfg.policy == "xshare-ep" and ep_size <= 1:
         raise PrunerSetupError(
             "moe-pruner: policy xshare-ep balances experts over expert-parallel ranks, but this server "

@@ -6,19 +6,19 @@ How: read our flags from the argparse namespace, merge them over ``--moe-pruner-
 environment's JSON, validate the result once (also against the serving modes the pruner cannot
 honour, see ``mode_checks``), and publish it in ``XSHARE_MOE_PRUNER_CONFIG`` (inherited by every
 process SGLang spawns afterwards) and as the bookkeeping attribute ``ServerArgs._moe_pruner_config``
-(survives pickling).  An invalid value, or ECHO flags with a speculative configuration ECHO cannot
-serve, or a serving mode the pruner cannot make exact, ends the launch with exit code 2 and a
-message naming the flags.
+(survives pickling).  An invalid value, ECHO flags with a speculative configuration ECHO cannot
+serve, a serving mode the pruner cannot make exact, or a setting the model's ``config.json``
+contradicts (``k0`` above its top-k, a calibration file of another shape; see ``model_shape``) ends
+the launch here, before any process is spawned, with exit code 2 and one line naming the flag.
 Remove when: SGLang lets plugins declare fields of their own on ``ServerArgs``.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 
-from ..flags import settings_from_args
+from ..flags import typed_settings, usage_error
 from ..settings import ENV_VAR, environment_settings
 
 logger = logging.getLogger(__name__)
@@ -28,29 +28,30 @@ KIND = "after"
 ATTRIBUTE = "_moe_pruner_config"
 
 
-def _usage_error(message: str) -> None:
-    """argparse-style failure: 'prog: error: message' on stderr, exit code 2."""
-    argparse.ArgumentParser(prog="sglang serve", add_help=False).error(message)
-
-
 def hook(result, cls, args, *rest, **kwargs):
     try:
-        settings = settings_from_args(args, environment_settings())
+        typed = typed_settings(args, environment_settings())
+        settings = None if typed is None else typed.build()
     except ValueError as exc:  # ConfigError: the message starts with the flag at fault
-        _usage_error(str(exc))
+        usage_error(str(exc))
     if settings is None:
         return None
     from ..mode_checks import unsupported_mode_reason
 
     reason = unsupported_mode_reason(result, settings)
     if reason is not None:
-        _usage_error(reason)
+        usage_error(reason)
     if settings.echo_active:
         from ..echo_checks import echo_unsupported_reason
 
         reason = echo_unsupported_reason(result, settings.echo)
         if reason is not None:
-            _usage_error(reason)
+            usage_error(reason)
+    from ..model_shape import launch_refusal
+
+    reason = launch_refusal(result, settings, typed.blame)
+    if reason is not None:
+        usage_error(reason)
     text = settings.to_json()
     os.environ[ENV_VAR] = text
     setattr(result, ATTRIBUTE, text)

@@ -33,6 +33,8 @@ PRUNER_GAUGES = {
     "moe_pruner:kept_experts": "kept_experts",
     "moe_pruner:retained_score_mass": "retained_score_mass",
 }
+#: per-layer count of pruned calls reported so far: 0 means the gauges of that layer are still unset
+PRUNER_LAYER_CALLS = "moe_pruner:layer_calls_total"
 
 
 def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -80,7 +82,9 @@ def pruner_metrics(base_url: str) -> dict[str, float] | None:
     """Means over layers and ranks of the plugin's gauges on ``/metrics``, or None when absent.
 
     The gauges hold the means of the plugin's last report interval, so read right after a benchmark
-    run they describe that run's last forwards.
+    run they describe that run's last forwards.  The plugin exports them at 0 from start-up: a layer
+    whose ``moe_pruner:layer_calls_total`` is still 0 has not been reported yet and is left out
+    (None when no layer has).
     """
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -90,16 +94,23 @@ def pruner_metrics(base_url: str) -> dict[str, float] | None:
         return None
     if response.status_code != 200:
         return None
-    values: dict[str, list[float]] = {}
+    gauges: dict[str, list[tuple[tuple, float]]] = {}
+    calls: dict[tuple, float] = {}
     try:
         for family in text_string_to_metric_families(response.text):
             for sample in family.samples:
+                labels = tuple(sorted(sample.labels.items()))
                 key = PRUNER_GAUGES.get(sample.name)
                 if key is not None:
-                    values.setdefault(key, []).append(float(sample.value))
+                    gauges.setdefault(key, []).append((labels, float(sample.value)))
+                elif sample.name == PRUNER_LAYER_CALLS:
+                    calls[labels] = float(sample.value)
     except ValueError as exc:
         logger.warning("cannot parse %s/metrics: %s", base_url, exc)
         return None
+    # a plugin without the counter (older releases) exported the gauges only once reported
+    values = {key: [value for labels, value in series if calls.get(labels, 1.0) > 0] for key, series in gauges.items()}
+    values = {key: series for key, series in values.items() if series}
     if not values:
         return None
     return {key: sum(series) / len(series) for key, series in values.items()}

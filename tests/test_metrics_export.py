@@ -1,0 +1,152 @@
+"""The plugin's Prometheus series, without a server: every family of ``METRICS`` exists from the
+reporter's creation, each series at 0 for each layer, and the counters then follow the forwards.
+
+The live counterpart (SGLang's multiprocess ``/metrics``) is ``tests/test_live_metrics.py``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from xshare_sglang import PrunerConfig
+from xshare_sglang.break_even import BucketDecision, GuardTable
+from xshare_sglang.policies.rewrite import RETAINED_ONE
+from xshare_sglang.sglang_plugin.metrics import GUARD_METRICS, METRICS, MetricsReporter
+from xshare_sglang.sglang_plugin.model_layers import make_runtime
+from xshare_sglang.sglang_plugin.settings import PluginSettings
+
+prometheus_client = pytest.importorskip("prometheus_client")
+
+LAYER_IDS = [3, 7, 11]  # model layer ids of the MoE layers, in row order
+
+
+def _runtime(log_interval: int = 2):
+    # the reporter reads only each layer's id and row
+    states = {row: SimpleNamespace(layer_id=layer_id, row=row) for row, layer_id in enumerate(LAYER_IDS)}
+    settings = PluginSettings(pruner=PrunerConfig(policy="oea", k0=1), log_interval=log_interval)
+    return make_runtime(settings, states, "cpu")
+
+
+def _samples(registry) -> dict[str, dict[tuple, float]]:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name.startswith("moe_pruner:"):
+                out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _labels(layer: int | None = None) -> tuple:
+    items = {"tp_rank": "0"} if layer is None else {"layer": str(layer), "tp_rank": "0"}
+    return tuple(sorted(items.items()))
+
+
+def test_every_series_exists_at_zero_from_creation() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    MetricsReporter(_runtime(), prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+    samples = _samples(registry)
+    for spec in METRICS:
+        want = [_labels(layer) for layer in LAYER_IDS] if spec.per_layer else [_labels()]
+        assert sorted(samples.get(spec.series, {})) == sorted(want), spec.series
+        assert set(samples[spec.series].values()) == {0.0}, spec.series
+    assert not any(spec.series in samples for spec in GUARD_METRICS)
+
+
+def test_counters_follow_the_forwards_and_fallbacks_show_at_once() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    runtime = _runtime(log_interval=2)
+    reporter = MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+    for _ in range(3):
+        runtime.metrics[:, 0] += 4  # activated experts
+        runtime.metrics[:, 1] += 2  # kept
+        runtime.metrics[:, 2] += RETAINED_ONE // 2
+        runtime.metrics[:, 3] += 1  # one call per layer
+        reporter.on_pruned_forward()
+    samples = _samples(registry)
+    assert samples["moe_pruner:pruned_forwards_total"] == {_labels(): 3.0}
+    # the report at forward 2 added its two calls per layer; the third waits for the next report
+    assert samples["moe_pruner:layer_calls_total"] == {_labels(layer): 2.0 for layer in LAYER_IDS}
+    assert samples["moe_pruner:kept_experts"] == {_labels(layer): 2.0 for layer in LAYER_IDS}
+    assert samples["moe_pruner:activated_experts"] == {_labels(layer): 4.0 for layer in LAYER_IDS}
+    assert samples["moe_pruner:retained_score_mass"] == {_labels(layer): 0.5 for layer in LAYER_IDS}
+    assert samples["moe_pruner:selection_fallbacks_total"] == {_labels(): 0.0}
+    runtime.faults += 5  # failures between reports are exported by the next pruned forward
+    reporter.on_pruned_forward()
+    samples = _samples(registry)
+    assert samples["moe_pruner:selection_fallbacks_total"] == {_labels(): 5.0}
+    assert samples["moe_pruner:layer_calls_total"] == {_labels(layer): 3.0 for layer in LAYER_IDS}
+
+
+def test_a_second_reporter_reuses_the_families_and_guard_gauges_appear() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    MetricsReporter(_runtime(), prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+    reporter = MetricsReporter(_runtime(), prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+    table = GuardTable(
+        (
+            BucketDecision("decode", 1, 0.002, 0.003, False, "slower"),
+            BucketDecision("decode", 8, 0.004, None, True, "forced"),
+        ),
+        seconds=1.5,
+    )
+    reporter.export_guard(table)
+    samples = _samples(registry)
+    bucket = {n: (("phase", "decode"), ("tokens", str(n)), ("tp_rank", "0")) for n in (1, 8)}
+    assert samples["moe_pruner:guard_pruned"] == {bucket[1]: 0.0, bucket[8]: 1.0}
+    assert samples["moe_pruner:guard_unpruned_seconds"] == {bucket[1]: 0.002, bucket[8]: 0.004}
+    assert samples["moe_pruner:guard_pruned_seconds"] == {bucket[1]: 0.003}
+    assert samples["moe_pruner:guard_startup_seconds"] == {_labels(): 1.5}
+    with pytest.raises(ValueError, match="already exists with labels"):
+        MetricsReporter(_runtime(), prometheus=True, labels={"dp_rank": "0"}, registry=registry)
+
+
+def test_series_without_extra_labels() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    runtime = _runtime()
+    reporter = MetricsReporter(runtime, prometheus=True, registry=registry)
+    reporter.on_pruned_forward()
+    samples = _samples(registry)
+    assert samples["moe_pruner:pruned_forwards_total"] == {(): 1.0}
+    assert samples["moe_pruner:selection_fallbacks_total"] == {(): 0.0}
+    assert sorted(samples["moe_pruner:kept_experts"]) == sorted((("layer", str(layer)),) for layer in LAYER_IDS)
+
+
+def test_nothing_is_exported_without_enable_metrics() -> None:
+    runtime = _runtime(log_interval=1)
+    reporter = MetricsReporter(runtime, prometheus=False)
+    runtime.metrics[:, 3] += 1
+    reporter.on_pruned_forward()
+    assert reporter._families is None
+
+
+def test_ab_tool_ignores_gauges_not_reported_yet(monkeypatch) -> None:
+    """The A/B tool averages the gauges of the layers reported so far: a server at start-up (every
+    layer at 0 calls) gives None, as before the series existed from start-up."""
+    from xshare_sglang.serving.ab import ab_server
+
+    registry = prometheus_client.CollectorRegistry()
+    runtime = _runtime(log_interval=1)
+    MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+
+    class Page:
+        status_code = 200
+
+        @property
+        def text(self) -> str:
+            return prometheus_client.generate_latest(registry).decode()
+
+    monkeypatch.setattr(ab_server.requests, "get", lambda *args, **kwargs: Page())
+    assert ab_server.pruner_metrics("http://server") is None
+    reporter = MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+    runtime.metrics[0] = torch.tensor([6, 3, RETAINED_ONE, 1])  # one call of the first layer only
+    reporter.on_pruned_forward()
+    assert ab_server.pruner_metrics("http://server") == {
+        "activated_experts": 6.0,
+        "kept_experts": 3.0,
+        "retained_score_mass": 1.0,
+    }

@@ -65,7 +65,10 @@ def _serve(flags: list[str], dtype: str, prompts, log_path) -> tuple[list, list,
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_keep_all_server_answers_as_the_unpruned_one(dtype, reference, tmp_path) -> None:
+def test_keep_all_server_answers_as_the_unpruned_one(dtype, reference, tmp_path, monkeypatch) -> None:
+    # the servers run as `make serve-cpu` does, without the TRITON_INTERPRET=1 conftest sets: the
+    # selection then runs the torch reference (tests/test_sglang_routing.py covers the kernels' path)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     _, tokenizer = reference
     prompts = _prompts(tokenizer)
     assert len(prompts) == NUM_PROMPTS and all(len(p) == PROMPT_TOKENS for p in prompts)
@@ -77,6 +80,8 @@ def test_keep_all_server_answers_as_the_unpruned_one(dtype, reference, tmp_path)
     kept = [float(m.group(2)) for m in KEPT.finditer(log)]
     assert kept and min(kept) < 32, "keep-all never pruned an expert: the test would prove nothing"
     assert "selection failed" not in log and re.search(r"selection fallbacks [1-9]", log) is None
+    # keep-all is batch-invariant as the unpruned server is: the same tokens alone and batched
+    assert [a[0] for a in pruned[0]] == [b[0] for b in pruned[1]]
     for arm in (0, 1):  # one at a time, then batched
         for i, (want, got) in enumerate(zip(plain[arm], pruned[arm], strict=True)):
             assert got[0] == want[0], f"prompt {i}: tokens differ ({'batched' if arm else 'alone'})"

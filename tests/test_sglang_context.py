@@ -109,14 +109,57 @@ def test_runner_init_refuses_what_the_model_cannot_take(
         _init(_runner(_model(_topk_config(**config_kwargs))))
 
 
-def test_runner_init_refuses_non_standard_routing(plugin_env) -> None:
+def _gpt_oss_topk(backend: str):
+    """A GPT-OSS-shaped ``TopK`` (top-4, softmax renormalized over the picks, no bias: gpt_oss.py) bound
+    by SGLang's own ``bind_runner_backend`` to ``backend``, as its ``FusedMoE`` does."""
+    from sglang.srt.layers.moe.topk import TopKConfig
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+    topk = stand_in_topk(TopKConfig(top_k=4, renormalize=True, layer_id=0), layer_id=0)
+    topk._runner_backend_bound, topk.is_fp4_experts = False, False
+    topk.bind_runner_backend(MoeRunnerBackend(backend))
+    return topk
+
+
+@pytest.mark.sglang_modes
+@pytest.mark.parametrize(
+    ("backend", "output_format"), [("triton_kernel", "TRITON_KERNEL"), ("flashinfer_mxfp4", "BYPASSED")]
+)
+def test_runner_init_accepts_routing_inside_the_moe_kernel(plugin_env, backend, output_format) -> None:
+    """GPT-OSS on the MoE runner SGLang picks for it by default (``triton_kernel`` on H100/H200,
+    ``flashinfer_mxfp4`` on SM100 with MXFP4 weights: arg_groups/model_overrides/gpt_oss.py), whose
+    routing runs inside the MoE kernel: the model loads with the pruner on."""
+    topk = _gpt_oss_topk(backend)
+    assert topk.topk_config.output_format.name == output_format
+    model = torch.nn.Module()
+    block = torch.nn.Module()
+    block.topk, block.experts = topk, stand_in_experts(layer_id=0, num_experts=NUM_EXPERTS, runner=backend)
+    model.layers = torch.nn.ModuleList([block])
+    runtime = _init(_runner(model))
+    assert runtime is not None and list(runtime.layers) == [id(topk.topk_config)]
+    assert not runtime.layers[id(topk.topk_config)].fill_dropped  # SGLang routes: nothing is dropped
+
+
+@pytest.mark.sglang_modes
+def test_runner_init_refuses_what_kernel_routing_cannot_do(plugin_env, monkeypatch) -> None:
+    """Truncation coverage needs a step after routing, which a MoE kernel that routes inside has not;
+    a top-k format the pruner does not act on at all is refused as before."""
     from sglang.srt.layers.moe.topk import TopKOutputFormat
 
     from xshare_sglang.sglang_plugin.model_layers import PrunerSetupError
 
-    config = _topk_config(output_format=TopKOutputFormat.TRITON_KERNEL)
     with pytest.raises(PrunerSetupError, match="--moe-runner-backend triton"):
-        _init(_runner(_model(config)))
+        _init(_runner(_model(_topk_config(output_format=TopKOutputFormat.PACKED))))
+    monkeypatch.setenv(ENV_VAR, json.dumps({"policy": "xshare", "k0": 1, "budget": 3, "coverage": "truncation"}))
+    model = torch.nn.Module()
+    block = torch.nn.Module()
+    block.topk = _gpt_oss_topk("triton_kernel")
+    block.experts = stand_in_experts(layer_id=0, num_experts=NUM_EXPERTS, runner="triton_kernel")
+    model.layers = torch.nn.ModuleList([block])
+    with pytest.raises(
+        PrunerSetupError, match=r"--moe-pruner-coverage truncation .*--moe-runner-backend triton_kernel .*substitution"
+    ):
+        _init(_runner(model))
 
 
 def test_runner_init_checks_the_static_ranking(plugin_env, monkeypatch, tmp_path) -> None:

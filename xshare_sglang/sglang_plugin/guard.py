@@ -267,8 +267,8 @@ def timed_layers(
                     logits = _gumbel_logits(calibration_counts[topk.layer_id], num_tokens, device, gen)
                 elif logits is None:
                     raise PrunerSetupError(
-                        f"moe-pruner guard: no router (a 'gate' module) found next to MoE layer {topk.layer_id}; "
-                        "give the guard recorded router logits with --moe-pruner-guard-trace"
+                        "moe-pruner guard: no router (a 'gate' or 'router' module) found next to MoE layer "
+                        f"{topk.layer_id}; give the guard recorded router logits with --moe-pruner-guard-trace"
                     )
                 if logits.shape != (num_tokens, num_experts):
                     raise PrunerSetupError(
@@ -286,8 +286,11 @@ def timed_layers(
 
 
 def _router_logits(block: torch.nn.Module | None, layer_input: torch.Tensor) -> torch.Tensor | None:
-    """The layer's own router logits on ``layer_input``; None when no ``gate`` module is next to it."""
+    """The layer's own router logits on ``layer_input``; None when no router module is next to it
+    (``gate`` in most SGLang MoE blocks, ``router`` in GPT-OSS's)."""
     gate = getattr(block, "gate", None)
+    if gate is None:
+        gate = getattr(block, "router", None)
     if gate is None:
         return None
     with torch.no_grad():

@@ -35,6 +35,16 @@ UNSUPPORTED_ROUTING = {
     "fused_moe_router": "is handed the gate weights instead of per-token router logits (Grok)",
     "sglang.srt.models.interns1pro.": "fills per-group quotas, so masked experts would silently drop slots",
 }
+#: TopK output formats whose routing runs inside the MoE kernel (or ``triton_kernels``' routing),
+#: pruned through masked router logits by ``hooks/topk_forward_cuda``.
+KERNEL_ROUTING_FORMATS = ("TRITON_KERNEL", "BYPASSED")
+
+
+def kernel_routing_format(topk_config: Any) -> str | None:
+    """The name of the layer's top-k output format when its routing runs inside the MoE kernel
+    (:data:`KERNEL_ROUTING_FORMATS`), else None."""
+    name = getattr(topk_config.output_format, "name", None)
+    return name if name in KERNEL_ROUTING_FORMATS else None
 
 
 def routing_function_name(function: Any) -> str:
@@ -171,11 +181,19 @@ def check_model(cfg: PrunerConfig, layers: list[MoeLayer], *, ep_size: int) -> N
         raise PrunerSetupError("moe-pruner: the model has no MoE layers (no SGLang TopK module found)")
     for topk, num_experts, _ in layers:
         config = topk.topk_config
-        if config.output_format not in (None, TopKOutputFormat.STANDARD):
+        in_kernel = kernel_routing_format(config)
+        if in_kernel is None and config.output_format not in (None, TopKOutputFormat.STANDARD):
             raise PrunerSetupError(
-                f"moe-pruner: layer {topk.layer_id} routes inside the MoE kernel "
-                f"({config.output_format.name} output), where the pruner cannot act. "
-                "Start the server with --moe-runner-backend triton."
+                f"moe-pruner: layer {topk.layer_id} hands SGLang's MoE kernel {config.output_format.name} "
+                "top-k output, which the pruner does not act on. Start the server with --moe-runner-backend triton."
+            )
+        if in_kernel is not None and cfg.coverage != "substitution":
+            backend = getattr(config.runner_backend, "value", config.runner_backend) or "auto"
+            raise PrunerSetupError(
+                f"moe-pruner: --moe-pruner-coverage {cfg.coverage} cannot act on layer {topk.layer_id}: with "
+                f"--moe-runner-backend {backend} it is routed inside the MoE kernel ({in_kernel} top-k output), "
+                "which leaves no step to drop picks after routing. Use --moe-pruner-coverage substitution, or "
+                "start the server with --moe-runner-backend triton."
             )
         function = getattr(config, "custom_routing_function", None)
         name = routing_function_name(function) if function is not None else ""
@@ -320,6 +338,7 @@ def build_runtime(
     needs_ranks = any(cfg.policy == "xshare-ep" for cfg in configs)
     states = {}
     fill_reasons = set()
+    in_kernel: dict[str, list[int]] = {}
     for row, (topk, num_experts, experts) in enumerate(layers):
         expert_to_rank = expert_owner_of(topk.layer_id) if needs_ranks else None
         if expert_to_rank is not None:
@@ -328,10 +347,14 @@ def build_runtime(
             topk.topk_config, layer_id=topk.layer_id, row=row, num_experts=num_experts, device=device
         )
         state.expert_to_rank = expert_to_rank
+        states[id(topk.topk_config)] = state
+        kernel_format = kernel_routing_format(topk.topk_config)
+        if kernel_format is not None:  # SGLang routes the masked logits itself: nothing is dropped
+            in_kernel.setdefault(kernel_format, []).append(topk.layer_id)
+            continue
         state.fill_dropped, reason = dropped_slots_filled(experts)
         if state.fill_dropped:
             fill_reasons.add(reason)
-        states[id(topk.topk_config)] = state
     for reason in sorted(fill_reasons):
         logger.info("moe-pruner: dropped slots get a weight-0 expert instead of -1 (%s)", reason)
     for cfg in configs:
@@ -342,7 +365,16 @@ def build_runtime(
                 static_positions(cfg, topk.layer_id, device)
                 if cfg.ranking == "coactivation":
                     layer_redundancy(cfg, topk.layer_id, device)
-    unfused = sorted({fused_router(t.topk_config, n)[1] for t, n, _ in layers} - {""})
+    for kernel_format, layer_ids in sorted(in_kernel.items()):
+        logger.info(
+            "moe-pruner: %d layers (%s top-k output) are routed inside the MoE kernel: pruned through masked "
+            "router logits, which SGLang's own routing then takes (substitution coverage)",
+            len(layer_ids),
+            kernel_format,
+        )
+    unfused = sorted(
+        {fused_router(t.topk_config, n)[1] for t, n, _ in layers if kernel_routing_format(t.topk_config) is None} - {""}
+    )
     for reason in unfused:
         logger.info(
             "moe-pruner: layers with %s keep SGLang's router (masked logits, then a rewrite); the rest "

@@ -11,11 +11,16 @@ to prune and how it is laid out; the routing hooks then, per MoE layer call of t
    override) the masked path: :meth:`PrunerRuntime.select_and_mask` computes the keep mask and
    masks the logits (in place) and the bias (into a per-layer buffer) so SGLang's router chooses
    among the kept experts (``truncation`` coverage leaves them alone), and after it
-   :meth:`PrunerRuntime.rewrite` sets leftover picks and padding rows to ``-1`` and counts the call.
+   :meth:`PrunerRuntime.rewrite` sets leftover picks and padding rows to ``-1`` and counts the call;
+4. where SGLang routes inside the MoE kernel (``TRITON_KERNEL`` / ``BYPASSED`` top-k formats, no
+   ``select_experts`` call), the kernel path: :meth:`PrunerRuntime.mask_for_kernel` computes the keep
+   mask and masked copies of the router inputs, SGLang routes those, and
+   :meth:`PrunerRuntime.count_kernel_routing` counts the call from what the routing produced.
 
 Everything on the per-layer path is device work with static shapes: it runs eagerly, and it is
 recorded into (and replayed from) SGLang's decode CUDA graphs.  A failure in step 2 leaves the
-layer call unpruned, is counted, and is logged at most once a minute.
+layer call unpruned (in step 3 and 4, a failure of the selection as well), is counted, and is
+logged at most once a minute.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from ..config import PrunerConfig
 from ..kernels import SelectionWorkspace, prune_route, select_keep_mask, workspace_key
 from ..policies.apply import mask_router_inputs
 from ..policies.call import RouterSpec, RoutingCall
-from ..policies.rewrite import rewrite_routing
-from ..policies.routing import adopt_model_routing, model_routing_is_kept
+from ..policies.rewrite import call_metrics, rewrite_routing
+from ..policies.routing import adopt_model_routing, model_routing_is_kept, route_logits
+from ..policies.scores import sanitize_logits, valid_token_mask
 from .settings import PluginSettings
 
 logger = logging.getLogger(__name__)
@@ -245,13 +251,12 @@ class PrunerRuntime:
                 # every token keeps its natural routing; the rewrite drops the picks outside the mask
                 call.masked = True
                 return router_logits, correction_bias
-            bias_out = None
-            if correction_bias is not None and correction_bias.dim() == 1:
-                if layer.masked_bias is None or layer.masked_bias.dtype != correction_bias.dtype:
-                    layer.masked_bias = torch.empty_like(correction_bias)
-                bias_out = layer.masked_bias
             _, masked_bias = mask_router_inputs(
-                router_logits, layer.keep, bias=correction_bias, out=router_logits, bias_out=bias_out
+                router_logits,
+                layer.keep,
+                bias=correction_bias,
+                out=router_logits,
+                bias_out=_masked_bias_buffer(layer, correction_bias),
             )
         except Exception as exc:  # a pruner fault must never take the server down
             self.record_fault(layer, exc)
@@ -327,6 +332,89 @@ class PrunerRuntime:
             fill_dropped=layer.fill_dropped,
         )
 
+    # ------------------------------------------------------------------ routing inside the MoE kernel
+    def mask_for_kernel(
+        self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Keep mask of a call SGLang routes inside the MoE kernel, and its router inputs masked.
+
+        Parameters
+        ----------
+        call : ActiveCall
+        router_logits : Tensor, shape [T, E]
+            Left untouched.
+        correction_bias : Tensor, shape [E], optional
+
+        Returns
+        -------
+        (Tensor [T, E], Tensor [E] or None) or None
+            A new tensor of masked logits, and the bias masked into the layer's buffer; None on any
+            error (counted and logged): the call then runs unpruned on SGLang's own inputs.  Only
+            substitution coverage can act here (the kernel leaves no step after its routing).
+        """
+        layer = call.layer
+        try:
+            if self.scope.cfg.coverage != "substitution":
+                raise ValueError(f"{self.scope.cfg.coverage} coverage cannot act where the MoE kernel routes")
+            select_keep_mask(
+                self.routing_call(call, router_logits),
+                self.scope.cfg,
+                out=layer.keep,
+                stats_out=layer.stats,
+                workspace=self._workspace(router_logits),
+            )
+            masked = mask_router_inputs(
+                router_logits, layer.keep, bias=correction_bias, bias_out=_masked_bias_buffer(layer, correction_bias)
+            )
+        except Exception as exc:  # a pruner fault must never take the server down
+            self.record_fault(layer, exc)
+            return None
+        if self.recorder is not None and self.recorder.current is not None:
+            self.recorder.record_keep(layer.row, layer.keep)
+        return masked
+
+    def count_kernel_routing(
+        self,
+        call: ActiveCall,
+        *,
+        expert_counts: torch.Tensor | None = None,
+        masked_logits: torch.Tensor | None = None,
+        masked_bias: torch.Tensor | None = None,
+    ) -> None:
+        """Add a call routed inside the MoE kernel to its layer's metrics row, on the device.
+
+        Activated experts come from the routing's own expert histogram ``expert_counts`` ([E] rows
+        per expert, padding rows excluded: ``triton_kernels``' routing metadata) or, where the
+        kernel routes out of sight, from the layer's reference router run on ``masked_logits`` [T, E]
+        and ``masked_bias`` [E] (every expert a real token is sent to, weight-0 fillers of tokens
+        with fewer than top-k kept experts included: the kernel reads them).  Kept experts and the
+        retained mass come from the selection.  A failure is counted; the routing stands.
+        """
+        layer = call.layer
+        try:
+            if expert_counts is None and masked_logits is None:
+                raise ValueError("neither an expert histogram nor the masked logits of the call")
+            if expert_counts is not None:
+                experts = torch.arange(layer.num_experts, device=expert_counts.device)
+                ids = torch.where(expert_counts[: layer.num_experts] > 0, experts, -1)[None, :]
+            else:
+                router = layer.router if layer.router is not None else layer.selection_router
+                bias = masked_bias if masked_bias is not None and masked_bias.dim() == 1 else None
+                ids, _ = route_logits(
+                    sanitize_logits(masked_logits),
+                    torch.ones_like(layer.keep),
+                    router,
+                    coverage="substitution",
+                    correction_bias=bias,
+                )
+                valid = valid_token_mask(ids.shape[0], call.num_valid, ids.device)[:, None]
+                ids = torch.where(valid, ids, -1)
+            self.metrics[layer.row].add_(
+                call_metrics(ids, layer.num_experts, layer.keep, layer.stats[0], layer.stats[1])
+            )
+        except Exception as exc:  # the call was routed; only its metrics are lost
+            self.record_fault(layer, exc)
+
     # ------------------------------------------------------------------ faults
     def record_fault(self, where: LayerState | str, exc: BaseException) -> None:
         """Count a pruner failure (the work it concerned goes on unpruned); log at most once a minute."""
@@ -342,6 +430,16 @@ class PrunerRuntime:
                 type(exc).__name__,
                 exc,
             )
+
+
+def _masked_bias_buffer(layer: LayerState, correction_bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The layer's buffer [E] for its masked correction bias (allocated on first use); None without a
+    one-dimensional bias."""
+    if correction_bias is None or correction_bias.dim() != 1:
+        return None
+    if layer.masked_bias is None or layer.masked_bias.dtype != correction_bias.dtype:
+        layer.masked_bias = torch.empty_like(correction_bias)
+    return layer.masked_bias
 
 
 _RUNTIME: PrunerRuntime | None = None

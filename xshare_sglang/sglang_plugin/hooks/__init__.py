@@ -15,6 +15,7 @@ from . import (
     model_runner_init_cuda_graphs,
     server_args_add_cli_args,
     server_args_from_cli_args,
+    topk_forward_cuda,
     topk_post_process,
     topk_select_experts,
 )
@@ -31,6 +32,7 @@ ROUTING_HOOKS = (
     topk_select_experts,
     dispatch_transform_inputs,
     topk_post_process,
+    topk_forward_cuda,
     eplb_update,
 )
 

@@ -8,7 +8,10 @@
 #                 ECHO) and the kernel tests that run natively on a GPU (tickets, devices, streams)
 #   2. selection  scripts/bench_selection.py: selection cost per policy, T and router
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
-#   4. guard      scripts/bench_moe_layer.py --guard-repeats: the start-up guard's decisions
+#   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
+#                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
+#                 (its table goes to gpu_check.log); skipped when triton_kernels does not import
+#   5. guard      scripts/bench_moe_layer.py --guard-repeats: the start-up guard's decisions
 # A stage that runs over its box is stopped; the benchmarks also stop starting new cases a little before
 # (--max-minutes), so a cut stage still leaves the cases it finished.  Results are copied to the output
 # folder after every stage, so whatever ran comes back.
@@ -25,7 +28,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,moe_layer,guard
+only=tests,selection,moe_layer,kernel_routing,guard
 budget=450
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -104,6 +107,18 @@ if wanted moe_layer; then
         --tokens 8,32,128,512 --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" \
         --git-sha "$sha" --out-dir "$work/moe_layer" "${sgl_args[@]}"
     keep "$work/moe_layer/moe_layer.md" "$work/moe_layer/moe_layer.csv"
+fi
+if wanted kernel_routing; then
+    # GPT-OSS's default routing (triton_kernels, carried in .sgl/site; see docs/benchmarks.md), pruned
+    # through the router logits: the gpu tests of that path, then its added cost per layer call
+    if PYTHONPATH=.:.sgl/site python3 -c "import triton_kernels.topk" >>"$log" 2>&1; then
+        seconds=$(box 12)
+        stage kernel_routing "$seconds" env PYTHONPATH=.:.sgl/site bash -c \
+            "python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernel_routing_gpu.py \
+             && python3 scripts/bench_kernel_routing.py --git-sha $sha --calls 10 --replays 20"
+    else
+        say "stage kernel_routing skipped: triton_kernels does not import from .sgl/site (see the line above)"
+    fi
 fi
 if wanted guard; then
     seconds=$(box 100)

@@ -193,3 +193,25 @@ def test_kernel_sass_reports_each_launch(tmp_path) -> None:
     assert all(n > 100 for n in instructions.values())
     assert instructions[(1, "xshare", "select")] > instructions[(1, "none", "select")]
     assert table[(64, "xshare", "select")][12] == "4 atomic"  # 4 programs add their shares into one accumulator
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
+def test_bench_kernel_routing_smoke(tmp_path) -> None:
+    pytest.importorskip("triton_kernels.topk", reason="needs triton_kernels (SGLang's dependency)")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "kernel_routing.csv"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_kernel_routing.py"), "--smoke", "--tokens", "1,9"]
+    result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    import csv
+
+    rows = list(csv.DictReader(out.open()))
+    # both routers, both token counts, every policy; CPU figures are marked as no timing
+    assert sorted({(r["router"], r["T"]) for r in rows}) == [
+        ("gpt-oss-120b", "1"),
+        ("gpt-oss-120b", "9"),
+        ("gpt-oss-20b", "1"),
+        ("gpt-oss-20b", "9"),
+    ]
+    assert len(rows) == 4 * 3 and all(r["device"].startswith("cpu (smoke") for r in rows)
+    assert result.stdout.count("| gpt-oss-") == len(rows)

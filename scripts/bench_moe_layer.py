@@ -14,7 +14,9 @@ and router logits) and alternate between ``--weight-copies`` copies of the exper
 
 Each graph is replayed ``--replays`` times and timed with CUDA events; a figure is the median replay
 time over the calls per graph.  The device's copy bandwidth is measured in the same run, so every
-row also gets the bandwidth floor ``activated experts x bytes per expert / bandwidth``.  Before
+row also gets the bandwidth floor ``activated experts x bytes per expert / bandwidth``; a bf16 matmul
+(``--matmul-size``) measures the compute peak, and each layer is set against its roofline
+``max(weight bytes / bandwidth, FLOPs / peak)`` (FLOPs: ``6·H·I`` per routed slot).  Before
 timing, every row is checked: kernel keep masks equal the torch reference
 (``select_experts_mask``), the routing equals ``route_within`` (substitution) under that mask, and
 the MoE output equals a float32 reference loop over the activated experts with the same routing.
@@ -59,6 +61,7 @@ from xshare_sglang.bench.moe_layer import (
     guard_markdown,
     guard_rows,
     measure_bandwidth,
+    measure_matmul_tflops,
     policy_grid,
     resolve_backends,
     write_outputs,
@@ -79,6 +82,15 @@ def main() -> int:
     parser.add_argument("--draft-tokens", type=int, default=4, help="D, tokens per request in verify batches")
     parser.add_argument("--policies", default="all", help="comma-separated policy names to keep, or all")
     parser.add_argument("--bandwidth-gib", type=float, default=2.0, help="buffer size of the copy-bandwidth test")
+    parser.add_argument("--matmul-size", type=int, default=8192, help="n of the [n, n] @ [n, n] bf16 peak test")
+    parser.add_argument(
+        "--pruned-config",
+        default="sglang",
+        choices=["sglang", "plugin", "both"],
+        help="fused-MoE config of the pruned layer (SGLang's kernel): SGLang's choice at T; the plugin's "
+        "(hooks/moe_config_lookup.py: tuned (T, |keep|) file, else SGLang's table at T*E/|keep|); or both, "
+        "timed one after the other (pruned_us: the plugin's, pruned_sglang_config_us: SGLang's)",
+    )
     parser.add_argument(
         "--guard-repeats",
         type=int,
@@ -104,6 +116,7 @@ def main() -> int:
         if args.tokens == parser.get_default("tokens"):
             args.tokens = "1,7"
         args.calls, args.replays, args.rotate, args.weight_copies, args.bandwidth_gib = 1, 1, 2, 2, 1 / 128
+        args.matmul_size = 64
         dtype = torch.float16  # bf16 tl.dot gave garbage under the interpreter (Triton 3.8); fp16 is right
     elif not cuda:
         print("bench_moe_layer.py needs a CUDA device (or --smoke with TRITON_INTERPRET=1)", file=sys.stderr)
@@ -131,6 +144,7 @@ def main() -> int:
         return 2
     source = TraceRouting(args.trace, seed=args.seed)
     bandwidth = measure_bandwidth(device, int(args.bandwidth_gib * 2**30))
+    peak_tflops = float(f"{measure_matmul_tflops(device, dtype, args.matmul_size):.4g}")  # rows use the recorded value
     sglang = next((b for b in backends if isinstance(b, SglangFusedMoE)), None)
     meta = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (smoke run, times are not measurements)",
@@ -142,6 +156,8 @@ def main() -> int:
         "git_sha": args.git_sha or git_sha(),
         "dtype": str(dtype).removeprefix("torch."),
         "bandwidth_gbps": round(bandwidth, 1),
+        "matmul_tflops": peak_tflops,
+        "pruned_config": args.pruned_config,
         "trace": f"{source.name} ({source.model}, top-{source.source_top_k} listed)",
         "rho": source.rho,
         "trace_sibling_overlap": round(source.sibling_overlap, 4),
@@ -159,7 +175,8 @@ def main() -> int:
     }
     print(
         f"{meta['device']}  torch {meta['torch']}  triton {meta['triton']}  sglang kernel {meta['sglang_kernel']}\n"
-        f"copy bandwidth {bandwidth:.0f} GB/s; logits from trace {meta['trace']}, rho={source.rho:.2f} "
+        f"copy bandwidth {bandwidth:.0f} GB/s; bf16 matmul {peak_tflops:.4g} TFLOP/s; "
+        f"logits from trace {meta['trace']}, rho={source.rho:.2f} "
         f"(consecutive-token overlap {source.sibling_overlap:.3f})",
         flush=True,
     )
@@ -179,6 +196,7 @@ def main() -> int:
             meta["models"][name] = {"errors": [f"setup: {type(exc).__name__}: {exc}"]}
             print(f"[{name}] ERROR setup: {type(exc).__name__}: {exc}", flush=True)
             continue
+        bench.peak_tflops = peak_tflops
         meta["models"][name] = bench.info
         print(f"[{name}] backend checks: {bench.info['checks']}; timing with {bench.backend.name}", flush=True)
         for phase in args.phases:

@@ -109,6 +109,7 @@ def test_bench_moe_layer_smoke(tmp_path) -> None:
     # T=7 only keeps this under 30 s (the script's own --smoke default adds T=1)
     command = [sys.executable, str(ROOT / "scripts" / "bench_moe_layer.py"), "--smoke", "--tokens", "7"]
     command += ["--guard-repeats", "2"]  # the guard table's path, twice the work: too few timings to prune
+    command += ["--pruned-config", "both"]  # the plugin's config path as well (no tuned file on CPU: SGLang's)
     result = subprocess.run(
         [*command, "--out-dir", str(tmp_path)],
         capture_output=True,
@@ -128,6 +129,23 @@ def test_bench_moe_layer_smoke(tmp_path) -> None:
     assert all(r["checks_ok"] and r["masks_equal"] and r["routing_equal"] for r in rows)
     assert all(r["moe_rel_err"] <= 2e-2 for r in rows)
     assert all(r["pruned_le_baseline"] and r["activated_pruned"] <= r["activated_baseline"] for r in rows)
+    # the roofline: max(weight bytes / bandwidth, FLOPs / the matmul peak measured in this run)
+    assert meta["matmul_tflops"] > 0
+    shapes = {"tiny": (64, 32, 2), "tiny-ep": (64, 32, 4)}  # H, I, k
+    for r in rows:
+        hidden, inter, top_k = shapes[r["model"]]
+        assert 0 < r["slots_pruned"] <= r["T"] * top_k and 0 < r["slots_baseline"] <= r["T"] * top_k
+        if r["model"] == "tiny":  # one rank: substitution never adds a slot (EP: picks can move onto this rank)
+            assert r["slots_pruned"] <= r["slots_baseline"] == r["T"] * top_k
+        for which in ("baseline", "pruned"):
+            memory = r[f"activated_{which}"] * 3 * hidden * inter * 2 / (meta["bandwidth_gbps"] * 1e3)
+            compute = r[f"slots_{which}"] * 6 * hidden * inter / (meta["matmul_tflops"] * 1e6)
+            assert r[f"roofline_{which}_us"] == pytest.approx(max(memory, compute), rel=1e-2, abs=0.01)
+            assert r[f"{which}_over_roofline"] == pytest.approx(r[f"{which}_us"] / r[f"roofline_{which}_us"], rel=1e-2)
+        assert r["pruned_bound"] in ("memory", "compute") and r["target_roofline"] is None  # CPU: no targets
+        if r["backend"] == "sglang":  # both configs timed; no tuned file for "cpu": the plugin keeps SGLang's
+            assert r["pruned_sglang_config_us"] > 0 and r["config_gain"] > 0
+            assert r["moe_config_pruned"] == r["moe_config"]
     for model in meta["models"].values():
         assert model["checks"]["align"] == "ok"
         assert model["checks"]["grouped_mm"].startswith("rel err")
@@ -137,6 +155,7 @@ def test_bench_moe_layer_smoke(tmp_path) -> None:
     assert all(r["backend"] == expected for r in rows)
     assert (tmp_path / "moe_layer.csv").read_text().startswith("model,phase,T,D,policy,settings,backend")
     assert "| phase | T | policy |" in (tmp_path / "moe_layer.md").read_text()
+    assert "| roof us | b/roof | p/roof | m/c |" in (tmp_path / "moe_layer.md").read_text()
     guard = json.loads((tmp_path / "guard_table.json").read_text())
     keys = sorted((r["model"], r["phase"], r["T"], r["settings"]) for r in rows)
     assert sorted((g["model"], g["phase"], g["T"], g["settings"]) for g in guard["rows"]) == keys

@@ -43,6 +43,8 @@ SPEEDUP_TARGET = 0.8  # realized speed-up >= 80% of the activated-experts ratio 
 SPEEDUP_TARGET_MIN_T = 32  # ... for T >= 32
 SELECTION_TARGET = 0.03  # selection <= 3% of the pruned layer's time ...
 SELECTION_TARGET_MAX_T = 512  # ... for T <= 512
+ROOFLINE_TARGET = 1.5  # pruned layer time <= 1.5x its roofline (issue 37) ...
+ROOFLINE_TARGET_MIN_T = 32  # ... for T >= 32
 
 
 # --------------------------------------------------------------------------------------------- shapes
@@ -72,6 +74,11 @@ class Shape:
     def expert_bytes(self) -> int:
         """Bytes of one expert's weights in bf16: gate and up (w13, [2I, H]) plus down (w2, [H, I])."""
         return 3 * self.hidden * self.intermediate * 2
+
+    @property
+    def slot_flops(self) -> int:
+        """FLOPs of one routed (token, expert) slot: gate/up ``2·H·2I`` plus down ``2·I·H``."""
+        return 6 * self.hidden * self.intermediate
 
 
 MODELS = {
@@ -246,6 +253,32 @@ def activated_experts(ids: torch.Tensor, offset: int, num_local: int) -> int:
     return int(torch.unique(local[valid]).numel())
 
 
+def routed_slots(ids: torch.Tensor, offset: int, num_local: int) -> int:
+    """Slots of ``ids`` [T, k] this rank computes: ids in ``[offset, offset + num_local)`` (not ``-1``)."""
+    _, valid = local_ids(ids, offset, num_local)
+    return int(valid.sum())
+
+
+def roofline_us(activated: float, slots: float, shape: Shape, bandwidth_gbps: float, peak_tflops: float) -> float:
+    """``max(weight bytes / bandwidth, FLOPs / peak)`` in µs: the read of the activated experts' weights,
+    or the slots' two GEMMs at the measured bf16 matmul rate, whichever takes longer.
+
+    Parameters
+    ----------
+    activated : float
+        Experts read (this rank's, mean over inputs).
+    slots : float
+        Routed (token, expert) slots computed (mean over inputs).
+    shape : Shape
+        Gives bytes per expert and FLOPs per slot.
+    bandwidth_gbps, peak_tflops : float
+        Measured in the same run (:func:`measure_bandwidth`, :func:`measure_matmul_tflops`).
+    """
+    memory_us = activated * shape.expert_bytes / (bandwidth_gbps * 1e3)
+    compute_us = slots * shape.slot_flops / (peak_tflops * 1e6)
+    return max(memory_us, compute_us)
+
+
 def reference_moe(x, ids, weights, w13, w2, offset: int) -> torch.Tensor:
     """float32 loop over the activated local experts: sum_j w_j * down(silu(gate) * up)."""
     num_local, inter = w13.shape[0], w2.shape[2]
@@ -273,7 +306,7 @@ class GroupedMMMoE:
     def config_label(self, num_tokens: int, shape: Shape) -> str:
         return "-"
 
-    def __call__(self, x, ids, weights, w13, w2, offset: int) -> torch.Tensor:
+    def __call__(self, x, ids, weights, w13, w2, offset: int, config: dict | None = None) -> torch.Tensor:
         num_tokens, top_k = ids.shape
         numel, num_local, inter = ids.numel(), w13.shape[0], w2.shape[2]
         sorted_ids, _, bounds = align_tokens(ids, 1, num_local, offset, expert_ids=False)
@@ -434,8 +467,7 @@ class SglangFusedMoE:
         """SGLang's ``try_get_optimal_moe_config`` for bf16: tuned file (this Triton version first), or default."""
         key = (num_tokens, num_local, inter)
         if key not in self._configs:
-            device = torch.cuda.get_device_name().replace(" ", "_") if torch.cuda.is_available() else "cpu"
-            name = f"E={num_local},N={inter},device_name={device}.json"
+            name = self.file_name(num_local, inter)
             root = self.root / CONFIG_DIR
             mine = f"triton_{triton.__version__.replace('.', '_')}"
             others = sorted(
@@ -461,15 +493,53 @@ class SglangFusedMoE:
             self._configs[key] = found
         return self._configs[key]
 
-    def config_label(self, num_tokens: int, shape: Shape) -> str:
-        cfg, source = self.config(num_tokens, shape.local_experts, shape.intermediate)
-        blocks = "x".join(str(cfg[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
+    @staticmethod
+    def file_name(num_local: int, inter: int) -> str:
+        """SGLang's tuned-file name for a bf16 shape on this device."""
+        device = torch.cuda.get_device_name().replace(" ", "_") if torch.cuda.is_available() else "cpu"
+        return f"E={num_local},N={inter},device_name={device}.json"
+
+    def pruned_config(self, num_tokens: int, shape: Shape, bound: int | None) -> tuple[dict, str]:
+        """The config the plugin's hook (``hooks/moe_config_lookup.py``) gives a pruned call of at most
+        ``bound`` kept experts: our tuned (T, |keep|) file, else SGLang's table at
+        ``ceil(T * E / bound)``, else SGLang's own choice (:func:`~xshare_sglang.sglang_plugin.
+        pruned_moe_config.choose`)."""
+        from ..sglang_plugin.pruned_moe_config import choose, load_pruned_table, pruned_file_name
+
+        key = ("pruned", num_tokens, shape.local_experts, shape.intermediate, shape.num_experts, bound)
+        if key not in self._configs:
+            own, source = self.config(num_tokens, shape.local_experts, shape.intermediate)
+            ours = load_pruned_table(pruned_file_name(self.file_name(shape.local_experts, shape.intermediate)))
+            choice = choose(
+                num_tokens=num_tokens,
+                num_experts=shape.num_experts,
+                bound=bound,
+                sglang_has_table=source.startswith("tuned"),
+                pruned_table=ours,
+            )
+            if choice.source == "pruned-table":
+                config = {k: v for k, v in choice.config.items() if k != "USE_TMA"}
+                self._configs[key] = (config, f"pruned-table |keep|<={bound}")
+            elif choice.source == "scaled":
+                config, source = self.config(choice.num_tokens, shape.local_experts, shape.intermediate)
+                self._configs[key] = (config, f"{source} at M={choice.num_tokens}")
+            else:
+                self._configs[key] = (own, source)
+        return self._configs[key]
+
+    @staticmethod
+    def label(config: dict, source: str) -> str:
+        blocks = "x".join(str(config[k]) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
         return f"{source} {blocks}"
 
-    def __call__(self, x, ids, weights, w13, w2, offset: int) -> torch.Tensor:
+    def config_label(self, num_tokens: int, shape: Shape) -> str:
+        return self.label(*self.config(num_tokens, shape.local_experts, shape.intermediate))
+
+    def __call__(self, x, ids, weights, w13, w2, offset: int, config: dict | None = None) -> torch.Tensor:
+        """The fused MoE with ``config`` (default: SGLang's choice for the call's token count)."""
         num_tokens, top_k = ids.shape
         num_local, inter, hidden = w13.shape[0], w2.shape[2], w2.shape[1]
-        cfg, _ = self.config(num_tokens, num_local, inter)
+        cfg = config if config is not None else self.config(num_tokens, num_local, inter)[0]
         sorted_ids, expert_ids, bounds = align_tokens(ids, cfg["BLOCK_SIZE_M"], num_local, offset)
         used = bounds[num_local + 1 :]
         kw = dict(
@@ -588,6 +658,35 @@ def measure_bandwidth(device, nbytes: int, repeats: int = 20) -> float:
     return statistics.median(samples)
 
 
+def measure_matmul_tflops(device, dtype, n: int, repeats: int = 20) -> float:
+    """Dense ``[n, n] @ [n, n]`` matmul rate in TFLOP/s (``2·n³`` per product), median of ``repeats``:
+    the compute peak this run's roofline uses (cuBLAS on a square bf16 GEMM; on CPU a figure of the
+    smoke run only)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, generator=gen, device=device).to(dtype)
+    b = torch.randn(n, n, generator=gen, device=device).to(dtype)
+    out = torch.empty(n, n, dtype=dtype, device=device)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    sync()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.matmul(a, b, out=out)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            torch.matmul(a, b, out=out)
+            seconds = time.perf_counter() - t0
+        samples.append(2 * n**3 / seconds / 1e12)
+    del a, b, out
+    return statistics.median(samples)
+
+
 @dataclass
 class Case:
     """Inputs of one (model, phase, T): rotated hidden states and logits, and the baseline's routing."""
@@ -606,6 +705,11 @@ class Case:
     @property
     def baseline_activated(self) -> float:
         return statistics.mean(self.baseline_counts)
+
+    @property
+    def baseline_slots(self) -> float:
+        """This rank's routed slots of the baseline, mean over the inputs."""
+        return statistics.mean(routed_slots(ids, 0, self.shape.local_experts) for ids, _ in self.baseline_routes)
 
 
 def build_case(shape, phase, tokens, draft, source: TraceRouting, rotate, device, dtype, gen, cpu_gen) -> Case:
@@ -717,15 +821,20 @@ def md_tables(rows: list[dict], meta: dict) -> str:
         "Columns: act = activated experts (this rank's, mean over inputs), baseline -> pruned; floor = pruned "
         "activated x bytes per expert / bandwidth; x = baseline time / pruned time; ideal = activated ratio; "
         "r/i = x / ideal (target >= 0.8 for T >= 32); sel = selection time, and its share of the pruned layer "
-        "(target <= 3% for T <= 512).",
+        "(target <= 3% for T <= 512); roof = roofline max(weight bytes / bandwidth, FLOPs / bf16 matmul peak), "
+        "b/roof and p/roof = baseline and pruned time over their rooflines (pruned target <= 1.5 for T >= 32), "
+        "m/c = the pruned roofline's bound (memory or compute); cfg = SGLang's config time / the pruned time "
+        "(with `--pruned-config both`: the plugin's config against SGLang's own, > 1 = the plugin's is faster).",
     ]
+    if meta.get("matmul_tflops"):
+        lines.insert(4, f"bf16 matmul peak {meta['matmul_tflops']:.0f} TFLOP/s (measured in this run).")
     for model in dict.fromkeys(r["model"] for r in rows):
         lines += ["", f"## {model}", "", f"{meta['models'][model]['note']}; backend {meta['models'][model]['backend']}"]
         lines += [
             "",
-            "| phase | T | policy | settings | act | base us | pruned us | floor us | x | ideal | r/i | sel us | "
-            "sel % | checks |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| phase | T | policy | settings | act | base us | pruned us | floor us | roof us | b/roof | p/roof | m/c "
+            "| cfg | x | ideal | r/i | sel us | sel % | checks |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             if r["model"] != model:
@@ -734,7 +843,11 @@ def md_tables(rows: list[dict], meta: dict) -> str:
             lines.append(
                 f"| {r['phase']} | {r['T']} | {r['policy']} | {r['settings']} | {r['activated_baseline']:.1f} -> "
                 f"{r['activated_pruned']:.1f} | {r['baseline_us']:.1f} | {r['pruned_us']:.1f} | "
-                f"{r['floor_pruned_us']:.1f} | {r['speedup']:.2f} | {_fmt(r['ideal'], '.2f')} | "
+                f"{r['floor_pruned_us']:.1f} | {_fmt(r.get('roofline_pruned_us'), '.1f')} | "
+                f"{_fmt(r.get('baseline_over_roofline'), '.2f')} | {_fmt(r.get('pruned_over_roofline'), '.2f')}"
+                f"{_mark(r.get('target_roofline'))} | {(r.get('pruned_bound') or '-')[:1]} | "
+                f"{_fmt(r.get('config_gain'), '.2f')} | "
+                f"{r['speedup']:.2f} | {_fmt(r['ideal'], '.2f')} | "
                 f"{_fmt(r['realized_over_ideal'], '.2f')}"
                 f"{_mark(r['target_speedup'])} | {r['selection_us']:.1f} | {100 * r['selection_share']:.1f}"
                 f"{_mark(r['target_selection'])} | {ok} |"
@@ -842,6 +955,8 @@ class ModelBench:
             raise RuntimeError(f"{shape.name}: no MoE backend passed its check: {self.info['checks']}")
         self.info["backend"] = self.backend.source
         self.workspace = SelectionWorkspace(shape.num_experts, device)
+        #: measured bf16 matmul TFLOP/s (set by the script); None leaves the roofline columns empty
+        self.peak_tflops: float | None = None
 
     def _check(self, backend) -> bool:
         """Check one backend against the reference; SGLang's kernel is retried without PDL if it fails."""
@@ -867,10 +982,26 @@ class ModelBench:
         self.info["errors"].append(message)
         print(f"[{self.shape.name}] ERROR {message}", flush=True)
 
-    def moe(self, i: int, x, ids, w) -> torch.Tensor:
-        """The MoE of layer call i (weight copies alternate between calls)."""
+    def moe(self, i: int, x, ids, w, config: dict | None = None) -> torch.Tensor:
+        """The MoE of layer call i (weight copies alternate between calls); ``config``: block sizes
+        other than SGLang's choice (SGLang's kernel only)."""
         w13, w2 = self.weights[i % len(self.weights)]
-        return self.backend(x, ids, w, w13, w2, 0)
+        if config is None:
+            return self.backend(x, ids, w, w13, w2, 0)
+        return self.backend(x, ids, w, w13, w2, 0, config=config)
+
+    def plugin_config(self, case: Case, cfg: PrunerConfig) -> tuple[dict | None, str]:
+        """With ``--pruned-config plugin|both`` and SGLang's kernel: the config the plugin's hook gives
+        this pruned row (from the policy's static bound on |keep|); else (None, SGLang's label)."""
+        mode = getattr(self.args, "pruned_config", "sglang")
+        own = self.backend.config_label(case.tokens, self.shape)
+        if mode == "sglang" or not isinstance(self.backend, SglangFusedMoE):
+            return None, own
+        from ..sglang_plugin.pruned_moe_config import keep_bound
+
+        bound = keep_bound(cfg, case.tokens, case.tokens_per_request, self.shape.num_experts)
+        config, source = self.backend.pruned_config(case.tokens, self.shape, bound)
+        return config, self.backend.label(config, source)
 
     def floor_us(self, activated: float, bandwidth_gbps: float) -> float:
         return activated * self.shape.expert_bytes / (bandwidth_gbps * 1e3)
@@ -925,15 +1056,32 @@ class ModelBench:
         check = layer.check(0)
         out = self.moe(0, case.xs[0], check["ids"], check["w"])
         moe_err = rel_err(out, reference_moe(case.xs[0], check["ids"], check["w"], *self.weights[0], 0))
-        acts = [activated_experts(check["ids"], 0, shape.local_experts)]
-        acts += [activated_experts(layer.route(j)[0], 0, shape.local_experts) for j in range(1, rot)]
+        routes = [check["ids"]] + [layer.route(j)[0].clone() for j in range(1, rot)]
+        acts = [activated_experts(ids, 0, shape.local_experts) for ids in routes]
         act = statistics.mean(acts)
+        slots = statistics.mean(routed_slots(ids, 0, shape.local_experts) for ids in routes)
+        roof_base = roof_pruned = None
+        if self.peak_tflops:
+            roof_base = roofline_us(case.baseline_activated, case.baseline_slots, shape, bandwidth, self.peak_tflops)
+            roof_pruned = roofline_us(act, slots, shape, bandwidth, self.peak_tflops)
 
-        def pruned(i: int) -> None:
-            ids, w = layer.route(i % rot)
-            self.moe(i, case.xs[i % rot], ids, w)
+        plugin_cfg, pruned_label = self.plugin_config(case, cfg)
+        if plugin_cfg is not None:  # the plugin's config must give the same output
+            out_plugin = self.moe(0, case.xs[0], check["ids"], check["w"], config=plugin_cfg)
+            ref = reference_moe(case.xs[0], check["ids"], check["w"], *self.weights[0], 0)
+            moe_err = max(moe_err, rel_err(out_plugin, ref))
 
-        pruned_us = time_graph(pruned, args.calls, args.replays)
+        def pruned_with(config: dict | None):
+            def pruned(i: int) -> None:
+                ids, w = layer.route(i % rot)
+                self.moe(i, case.xs[i % rot], ids, w, config=config)
+
+            return pruned
+
+        pruned_us = time_graph(pruned_with(plugin_cfg), args.calls, args.replays)
+        pruned_sglang_us = None
+        if plugin_cfg is not None and getattr(args, "pruned_config", "sglang") == "both":
+            pruned_sglang_us = time_graph(pruned_with(None), args.calls, args.replays)
         sel_us = time_graph(lambda i: layer.selection_only(i % rot), args.calls, args.replays)
         speedup, share = base_us / pruned_us, sel_us / pruned_us
         ideal = case.baseline_activated / act if act > 0 else None  # None: no local expert left to read
@@ -950,14 +1098,24 @@ class ModelBench:
             "settings": policy_label(cfg),
             "backend": self.backend.name,
             "moe_config": self.backend.config_label(tokens, shape),
+            "moe_config_pruned": pruned_label,
             "kept": check["kept"],
             "activated_baseline": round(case.baseline_activated, 2),
             "activated_pruned": round(act, 2),
             "baseline_us": round(base_us, 2),
             "pruned_us": round(pruned_us, 2),
+            "pruned_sglang_config_us": _round(pruned_sglang_us, 2),
+            "config_gain": _round(pruned_sglang_us / pruned_us if pruned_sglang_us else None, 3),
             "selection_us": round(sel_us, 2),
             "floor_baseline_us": round(self.floor_us(case.baseline_activated, bandwidth), 2),
             "floor_pruned_us": round(self.floor_us(act, bandwidth), 2),
+            "slots_baseline": round(case.baseline_slots, 2),
+            "slots_pruned": round(slots, 2),
+            "roofline_baseline_us": _round(roof_base, 2),
+            "roofline_pruned_us": _round(roof_pruned, 2),
+            "baseline_over_roofline": _round(base_us / roof_base if roof_base else None, 3),
+            "pruned_over_roofline": _round(pruned_us / roof_pruned if roof_pruned else None, 3),
+            "pruned_bound": None if roof_pruned is None else _bound(act, slots, shape, bandwidth, self.peak_tflops),
             "speedup": round(speedup, 3),
             "ideal": _round(ideal, 3),
             "realized_over_ideal": _round(realized, 3),
@@ -968,6 +1126,11 @@ class ModelBench:
                 else None
             ),
             "target_selection": share <= SELECTION_TARGET if measured and tokens <= SELECTION_TARGET_MAX_T else None,
+            "target_roofline": (
+                pruned_us <= ROOFLINE_TARGET * roof_pruned
+                if measured and roof_pruned and tokens >= ROOFLINE_TARGET_MIN_T
+                else None
+            ),
             "masks_equal": check["masks_equal"],
             "routing_equal": check["routing_equal"] and base_check,
             "moe_rel_err": round(moe_err, 6),
@@ -980,6 +1143,12 @@ class ModelBench:
         self.workspace = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _bound(activated: float, slots: float, shape: Shape, bandwidth_gbps: float, peak_tflops: float) -> str:
+    """Which term of :func:`roofline_us` is larger: ``memory`` or ``compute``."""
+    memory_us = activated * shape.expert_bytes / (bandwidth_gbps * 1e3)
+    return "memory" if memory_us >= slots * shape.slot_flops / (peak_tflops * 1e6) else "compute"
 
 
 def _round(value: float | None, digits: int) -> float | None:

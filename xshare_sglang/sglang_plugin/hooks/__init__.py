@@ -13,6 +13,7 @@ from . import (
     model_runner_forward_raw,
     model_runner_init,
     model_runner_init_cuda_graphs,
+    moe_config_lookup,
     server_args_add_cli_args,
     server_args_from_cli_args,
     topk_forward_cuda,
@@ -34,6 +35,7 @@ ROUTING_HOOKS = (
     topk_post_process,
     topk_forward_cuda,
     eplb_update,
+    moe_config_lookup,
 )
 
 #: Registered where ECHO schedules draft trees or logs their confidences.

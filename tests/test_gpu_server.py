@@ -174,3 +174,29 @@ def test_dry_run_from_the_command_line(tmp_path):
         cwd=gs.REPO,
     )
     assert missing.returncode == 2 and "device_bundle.py" in missing.stderr
+
+
+def test_serve_check_arms_parse_and_table(tmp_path) -> None:
+    """scripts/gpu_serve_check.py: every arm's flags are valid pruner settings (the unpruned arm asks for
+    none), and the results table puts each pruned arm's throughput against the unpruned one."""
+    import importlib.util
+    from pathlib import Path
+
+    from xshare_sglang.sglang_plugin.flags import typed_settings_of_command
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_serve_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_serve_check", script)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert typed_settings_of_command(" ".join(check.ARMS["unpruned"])) is None
+    policies = {name: typed_settings_of_command(" ".join(flags)).build() for name, flags in check.ARMS.items() if flags}
+    assert policies["xshare"].pruner.policy == "xshare" and policies["xshare"].pruner.budget == 12
+    assert policies["moe-spec+guard"].pruner.max_experts == 32 and policies["moe-spec+guard"].guard == "auto"
+    results = [
+        {"arm": "unpruned", "runs": [{"concurrency": 16, "output_throughput": 1000.0, "mean_itl_ms": 9.0}]},
+        {"arm": "xshare", "runs": [{"concurrency": 16, "output_throughput": 1250.0, "mean_itl_ms": 7.0}]},
+        {"arm": "moe-spec+guard", "error": "the server exited with code 1", "runs": []},
+    ]
+    text = check.table(results)
+    assert "| xshare | 16 | 1250.0 | 7.0 | None | 1.25x |" in text
+    assert "| moe-spec+guard | - | the server exited with code 1 |" in text

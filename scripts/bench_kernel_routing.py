@@ -21,15 +21,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.common import git_sha, time_graph, write_csv
-from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
-from xshare_sglang.sglang_plugin.runtime import ForwardScope
-from xshare_sglang.sglang_plugin.settings import PluginSettings
+from xshare_sglang.bench.kernel_routing import gptoss_layer_runtime, pruned_kernel_routing
 
 SHAPES = {"gpt-oss-120b": (128, 4), "gpt-oss-20b": (32, 4)}
 POLICIES = {
@@ -39,37 +36,11 @@ POLICIES = {
 }
 
 
-def layer_runtime(num_experts: int, top_k: int, cfg: PrunerConfig, device: str):
-    """One GPT-OSS-shaped layer's runtime, as the plugin builds it from SGLang's ``TopKConfig``."""
-    config = SimpleNamespace(
-        top_k=top_k,
-        num_shared_topk_slots=0,
-        scoring_func="softmax",
-        custom_routing_function=None,
-        correction_bias=None,
-        use_grouped_topk=False,
-        num_expert_group=None,
-        topk_group=None,
-        renormalize=True,
-        routed_scaling_factor=None,
-        apply_routed_scaling_factor_on_output=False,
-    )
-    state = make_layer_state(config, layer_id=0, row=0, num_experts=num_experts, device=device)
-    runtime = make_runtime(PluginSettings(pruner=cfg), {id(config): state}, device)
-    runtime.enter(ForwardScope(phase="decode", num_valid=runtime.num_valid_buffer, cfg=runtime.config_for("decode")))
-    return runtime, config
-
-
 def pruned_call(topk, runtime, config, logits: torch.Tensor, top_k: int):
-    """``fn(i)``: one pruned layer call as the ``TopK.forward_cuda`` hook runs it (keep mask, masked
-    logits, ``triton_kernels``' top-k on them, the call's metrics)."""
+    """``fn(i)``: one pruned layer call as the ``TopK.forward_cuda`` hook runs it."""
 
     def call_once(i: int) -> None:
-        call = runtime.begin_call(config, runtime.num_valid_buffer)
-        masked, _ = runtime.mask_for_kernel(call, logits, None)
-        sparse = topk(masked, top_k, apply_softmax=True, n_rows=runtime.num_valid_buffer)
-        runtime.count_kernel_routing(call, expert_counts=sparse.mask_metadata.col_sum)
-        runtime.end_call()
+        pruned_kernel_routing(topk, runtime, config, logits, runtime.num_valid_buffer, top_k)
 
     return call_once
 
@@ -99,7 +70,7 @@ def main() -> None:
             num_valid = torch.tensor([num_tokens], dtype=torch.int32, device=device)
             unpruned = time_graph(lambda i: topk(logits, top_k, apply_softmax=True, n_rows=num_valid), calls, replays)  # noqa: B023
             for name, cfg in POLICIES.items():
-                runtime, config = layer_runtime(num_experts, top_k, cfg, device)
+                runtime, config = gptoss_layer_runtime(num_experts, top_k, cfg, device)
                 runtime.num_valid_buffer.fill_(num_tokens)
                 pruned_us = time_graph(pruned_call(topk, runtime, config, logits, top_k), calls, replays)
                 rows.append(

@@ -19,16 +19,12 @@ runs the same path through SGLang's own ``TopK``.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from xshare_sglang import PrunerConfig
+from xshare_sglang.bench.kernel_routing import gptoss_layer_runtime, pruned_kernel_routing
 from xshare_sglang.policies.apply import MASKED_LOGIT
-from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
-from xshare_sglang.sglang_plugin.runtime import ForwardScope
-from xshare_sglang.sglang_plugin.settings import PluginSettings
 
 topk_module = pytest.importorskip("triton_kernels.topk", reason="needs triton_kernels (SGLang's dependency)")
 
@@ -43,35 +39,13 @@ def _devices():
 
 
 def _runtime(num_experts: int, top_k: int, device: str):
-    """A runtime with one GPT-OSS-shaped layer (a stand-in for SGLang's ``TopKConfig``)."""
-    config = SimpleNamespace(
-        top_k=top_k,
-        num_shared_topk_slots=0,
-        scoring_func="softmax",
-        custom_routing_function=None,
-        correction_bias=None,
-        use_grouped_topk=False,
-        num_expert_group=None,
-        topk_group=None,
-        renormalize=True,
-        routed_scaling_factor=None,
-        apply_routed_scaling_factor_on_output=False,
-    )
-    state = make_layer_state(config, layer_id=0, row=0, num_experts=num_experts, device=device)
-    runtime = make_runtime(PluginSettings(pruner=PRUNER), {id(config): state}, device)
-    scope = ForwardScope(phase="decode", num_valid=runtime.num_valid_buffer, cfg=runtime.config_for("decode"))
-    runtime.enter(scope)
-    return runtime, config, state
+    runtime, config = gptoss_layer_runtime(num_experts, top_k, PRUNER, device)
+    return runtime, config, runtime.layers[id(config)]
 
 
 def _pruned_routing(runtime, config, logits: torch.Tensor, num_valid: torch.Tensor, top_k: int):
     """The hook's three steps: keep mask and masked logits, triton_kernels' top-k, metrics."""
-    call = runtime.begin_call(config, num_valid)
-    masked, _ = runtime.mask_for_kernel(call, logits, None)
-    sparse = topk_module.topk(masked, top_k, apply_softmax=True, n_rows=num_valid)
-    runtime.count_kernel_routing(call, expert_counts=sparse.mask_metadata.col_sum)
-    runtime.end_call()
-    return masked, sparse
+    return pruned_kernel_routing(topk_module.topk, runtime, config, logits, num_valid, top_k)
 
 
 def _logits(num_tokens: int, num_experts: int, seed: int, device: str) -> torch.Tensor:

@@ -240,13 +240,7 @@ class PrunerRuntime:
         """
         layer = call.layer
         try:
-            select_keep_mask(
-                self.routing_call(call, router_logits),
-                self.scope.cfg,
-                out=layer.keep,
-                stats_out=layer.stats,
-                workspace=self._workspace(router_logits),
-            )
+            self._select_into_layer(call, router_logits)
             if self.scope.cfg.coverage == "truncation":
                 # every token keeps its natural routing; the rewrite drops the picks outside the mask
                 call.masked = True
@@ -332,6 +326,18 @@ class PrunerRuntime:
             fill_dropped=layer.fill_dropped,
         )
 
+    def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
+        """The call's keep mask into ``layer.keep`` and its score totals into ``layer.stats`` (select-only
+        launch; raises on a fault, which the caller counts)."""
+        layer = call.layer
+        select_keep_mask(
+            self.routing_call(call, router_logits),
+            self.scope.cfg,
+            out=layer.keep,
+            stats_out=layer.stats,
+            workspace=self._workspace(router_logits),
+        )
+
     # ------------------------------------------------------------------ routing inside the MoE kernel
     def mask_for_kernel(
         self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None
@@ -356,13 +362,7 @@ class PrunerRuntime:
         try:
             if self.scope.cfg.coverage != "substitution":
                 raise ValueError(f"{self.scope.cfg.coverage} coverage cannot act where the MoE kernel routes")
-            select_keep_mask(
-                self.routing_call(call, router_logits),
-                self.scope.cfg,
-                out=layer.keep,
-                stats_out=layer.stats,
-                workspace=self._workspace(router_logits),
-            )
+            self._select_into_layer(call, router_logits)
             masked = mask_router_inputs(
                 router_logits, layer.keep, bias=correction_bias, bias_out=_masked_bias_buffer(layer, correction_bias)
             )

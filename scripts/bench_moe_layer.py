@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -50,7 +49,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from xshare_sglang.bench.common import git_sha
+from xshare_sglang.bench.common import cpu_smoke_problem, git_sha
 from xshare_sglang.bench.moe_layer import (
     MODELS,
     SMOKE_MODELS,
@@ -106,10 +105,10 @@ def main() -> int:
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     if args.smoke and not cuda:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("--smoke without a GPU needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
+        problem = cpu_smoke_problem()
+        if problem is not None:
+            print(problem, file=sys.stderr)
             return 2
-        torch.set_num_threads(1)
         models = SMOKE_MODELS
         if args.models == parser.get_default("models"):
             args.models = ",".join(SMOKE_MODELS)

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import triton
 
+from xshare_sglang.bench.common import cpu_smoke_problem
 from xshare_sglang.bench.moe_layer import MODELS, SMOKE_MODELS, SglangFusedMoE, find_sglang_root
 from xshare_sglang.bench.tune_moe import SPACES, plan_points, tune_shape, write_table
 
@@ -58,10 +59,10 @@ def main() -> int:
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     if args.smoke and not cuda:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("--smoke without a GPU needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
+        problem = cpu_smoke_problem()
+        if problem is not None:
+            print(problem, file=sys.stderr)
             return 2
-        torch.set_num_threads(1)
         shape, dtype, space = SMOKE_MODELS["tiny"], torch.float16, SPACES["smoke"]
         args.tokens, args.kept, args.calls, args.replays = "4", args.kept or "4", 1, 1
     elif not cuda:

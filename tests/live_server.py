@@ -17,6 +17,19 @@ import requests
 
 from xshare_sglang.serving.ab.ab_server import LaunchedServer, log_tail, proof_policies, server_env, wait_healthy
 
+#: The pruner flags of ``make serve-cpu`` (metrics on, a report every ``SERVE_CPU_LOG_INTERVAL`` forwards).
+SERVE_CPU_LOG_INTERVAL = 10
+SERVE_CPU_FLAGS = [
+    "--enable-metrics",
+    "--moe-pruner",
+    "xshare",
+    "--moe-pruner-k0",
+    "1",
+    "--moe-pruner-budget",
+    "4",
+    "--moe-pruner-log-interval",
+    str(SERVE_CPU_LOG_INTERVAL),
+]
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 LAUNCH = [sys.executable, "-m", "xshare_sglang.testing.cpu_server"]

@@ -145,3 +145,26 @@ def build_tree_links(parent_list: torch.Tensor, top_scores_index: torch.Tensor, 
             next_sibling[b, node] = next_token[b, parent]
             next_token[b, parent] = node
     return next_token, next_sibling
+
+
+def publish_runtime(configs, names, pruner, *, num_experts: int, num_valid: int, phase: str = "decode", d: int = 1):
+    """Publish a CPU runtime pruning the layers ``configs[name]`` (rows in the order of ``names``) in a
+    forward of ``phase`` with ``num_valid`` real tokens and ``d`` tokens per request."""
+    from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
+    from xshare_sglang.sglang_plugin.runtime import ForwardScope, set_runtime
+    from xshare_sglang.sglang_plugin.settings import PluginSettings
+
+    states = {
+        id(configs[name]): make_layer_state(
+            configs[name], layer_id=configs[name].layer_id, row=row, num_experts=num_experts, device="cpu"
+        )
+        for row, name in enumerate(names)
+    }
+    runtime = make_runtime(PluginSettings(pruner=pruner), states, "cpu")
+    runtime.num_valid_buffer.fill_(num_valid)
+    scope = ForwardScope(
+        phase=phase, tokens_per_request=d, num_valid=runtime.num_valid_buffer, cfg=runtime.config_for(phase)
+    )
+    runtime.enter(scope)
+    set_runtime(runtime)
+    return runtime

@@ -15,26 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.live_server import LiveServer
+from tests.live_server import SERVE_CPU_FLAGS, SERVE_CPU_LOG_INTERVAL, LiveServer
 from xshare_sglang.sglang_plugin.metrics import GUARD_METRICS, METRICS
 from xshare_sglang.tiny.tiny_demo import heldout_texts
 from xshare_sglang.tiny.tiny_model import tiny_model_dir
 
 pytestmark = pytest.mark.live_server
 
-LOG_INTERVAL = 10
+LOG_INTERVAL = SERVE_CPU_LOG_INTERVAL
 #: The pruner flags of ``make serve-cpu``.
-FLAGS = [
-    "--enable-metrics",
-    "--moe-pruner",
-    "xshare",
-    "--moe-pruner-k0",
-    "1",
-    "--moe-pruner-budget",
-    "4",
-    "--moe-pruner-log-interval",
-    str(LOG_INTERVAL),
-]
+FLAGS = [*SERVE_CPU_FLAGS]
 #: The tiny model's MoE layers (every one of its 4 layers is sparse).
 LAYERS = ["0", "1", "2", "3"]
 NEW_TOKENS = 16

@@ -32,28 +32,16 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.live_server import LiveServer
+from tests.live_server import SERVE_CPU_FLAGS, SERVE_CPU_LOG_INTERVAL, LiveServer
 from xshare_sglang.tiny.tiny_demo import heldout_texts
 from xshare_sglang.tiny.tiny_model import tiny_model_dir
 
 pytestmark = pytest.mark.soak
 
-LOG_INTERVAL = 10
+LOG_INTERVAL = SERVE_CPU_LOG_INTERVAL
 #: ``make serve-cpu``'s pruner flags; a KV pool large enough that no request is ever retracted
 #: (a retracted request's tokens after its second prefill are not decode tokens).
-FLAGS = [
-    "--enable-metrics",
-    "--moe-pruner",
-    "xshare",
-    "--moe-pruner-k0",
-    "1",
-    "--moe-pruner-budget",
-    "4",
-    "--moe-pruner-log-interval",
-    str(LOG_INTERVAL),
-    "--max-total-tokens",
-    "16384",
-]
+FLAGS = [*SERVE_CPU_FLAGS, "--max-total-tokens", "16384"]
 CONCURRENCY = 12
 TRAFFIC_S = 70.0  # no request starts after this
 REQUEST_TIMEOUT_S = 90.0

@@ -19,13 +19,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.sglang_helpers import apply_routing_hooks, deepseek_topk_config, stand_in_topk
+from tests.sglang_helpers import apply_routing_hooks, deepseek_topk_config, publish_runtime, stand_in_topk
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.policies.apply import mask_router_inputs
 from xshare_sglang.policies.rewrite import RETAINED_ONE
-from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
-from xshare_sglang.sglang_plugin.runtime import ForwardScope, set_runtime
-from xshare_sglang.sglang_plugin.settings import PluginSettings
+from xshare_sglang.sglang_plugin.runtime import set_runtime
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_modes]
 
@@ -86,18 +84,7 @@ def _forward(module, logits: torch.Tensor):
 
 def _publish(configs, pruner: PrunerConfig = PRUNER, *, phase: str = "decode", names=None):
     names = names or ("gptoss", "gptoss_raw", "bypassed", "bypassed_biased")
-    states = {
-        id(configs[name]): make_layer_state(
-            configs[name], layer_id=configs[name].layer_id, row=row, num_experts=NUM_EXPERTS, device="cpu"
-        )
-        for row, name in enumerate(names)
-    }
-    runtime = make_runtime(PluginSettings(pruner=pruner), states, "cpu")
-    runtime.num_valid_buffer.fill_(NUM_VALID)
-    scope = ForwardScope(phase=phase, num_valid=runtime.num_valid_buffer, cfg=runtime.config_for(phase))
-    runtime.enter(scope)
-    set_runtime(runtime)
-    return runtime
+    return publish_runtime(configs, names, pruner, num_experts=NUM_EXPERTS, num_valid=NUM_VALID, phase=phase)
 
 
 def _kernel_parts(output) -> dict[str, torch.Tensor]:

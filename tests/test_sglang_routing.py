@@ -14,12 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.sglang_helpers import deepseek_topk_config, sglang_select_experts
+from tests.sglang_helpers import deepseek_topk_config, publish_runtime, sglang_select_experts
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.policies.rewrite import RETAINED_ONE
-from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
-from xshare_sglang.sglang_plugin.runtime import ForwardScope, get_runtime, set_runtime
-from xshare_sglang.sglang_plugin.settings import PluginSettings
+from xshare_sglang.sglang_plugin.runtime import get_runtime, set_runtime
 
 pytestmark = pytest.mark.sglang
 
@@ -63,20 +61,7 @@ def sglang_env():
 
 
 def _publish(configs, pruner: PrunerConfig, *, names=("qwen3", "qwen3_raw", "deepseek"), phase="decode", d=1):
-    states = {
-        id(configs[name]): make_layer_state(
-            configs[name], layer_id=configs[name].layer_id, row=row, num_experts=NUM_EXPERTS, device="cpu"
-        )
-        for row, name in enumerate(names)
-    }
-    runtime = make_runtime(PluginSettings(pruner=pruner), states, "cpu")
-    runtime.num_valid_buffer.fill_(NUM_VALID)
-    scope = ForwardScope(
-        phase=phase, tokens_per_request=d, num_valid=runtime.num_valid_buffer, cfg=runtime.config_for(phase)
-    )
-    runtime.enter(scope)
-    set_runtime(runtime)
-    return runtime
+    return publish_runtime(configs, names, pruner, num_experts=NUM_EXPERTS, num_valid=NUM_VALID, phase=phase, d=d)
 
 
 def test_hooks_wrap_every_target(sglang_env) -> None:

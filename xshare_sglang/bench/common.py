@@ -4,6 +4,7 @@ CUDA-graph timing, device syncs, the git SHA and CSV output."""
 from __future__ import annotations
 
 import csv
+import os
 import statistics
 import time
 from pathlib import Path
@@ -49,6 +50,14 @@ def time_graph(fn, calls: int, replays: int) -> float:
         samples.append(start.elapsed_time(end) * 1000.0 / calls)
     del graph
     return statistics.median(samples)
+
+
+def cpu_smoke_problem() -> str | None:
+    """Why a ``--smoke`` run cannot start on this CPU (None: it can; torch then uses one thread)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return "--smoke without a GPU needs TRITON_INTERPRET=1 in the environment"
+    torch.set_num_threads(1)
+    return None
 
 
 def sync() -> None:

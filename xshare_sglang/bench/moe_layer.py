@@ -633,29 +633,35 @@ def resolve_backends(choice: str, sglang_root: str | None) -> tuple[list, list[s
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def measure_bandwidth(device, nbytes: int, repeats: int = 20) -> float:
-    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median of ``repeats``."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
+def _seconds_per_run(device, run, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``run()`` after 3 warm-up calls: CUDA events on a GPU,
+    a wall clock elsewhere (a figure of the smoke run only)."""
     for _ in range(3):
-        dst.copy_(src)
+        run()
     sync()
     samples = []
     for _ in range(repeats):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            dst.copy_(src)
+            run()
             end.record()
             end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
+            samples.append(start.elapsed_time(end) / 1e3)
         else:
             t0 = time.perf_counter()
-            dst.copy_(src)
-            seconds = time.perf_counter() - t0
-        samples.append(2 * src.numel() * 2 / seconds / 1e9)
-    del src, dst
-    return statistics.median(samples)
+            run()
+            samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def measure_bandwidth(device, nbytes: int, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median of ``repeats``."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    samples = _seconds_per_run(device, lambda: dst.copy_(src), repeats)
+    moved = 2 * src.numel() * 2
+    return statistics.median(moved / seconds / 1e9 for seconds in samples)
 
 
 def measure_matmul_tflops(device, dtype, n: int, repeats: int = 20) -> float:
@@ -666,25 +672,8 @@ def measure_matmul_tflops(device, dtype, n: int, repeats: int = 20) -> float:
     a = torch.randn(n, n, generator=gen, device=device).to(dtype)
     b = torch.randn(n, n, generator=gen, device=device).to(dtype)
     out = torch.empty(n, n, dtype=dtype, device=device)
-    for _ in range(3):
-        torch.matmul(a, b, out=out)
-    sync()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.matmul(a, b, out=out)
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            torch.matmul(a, b, out=out)
-            seconds = time.perf_counter() - t0
-        samples.append(2 * n**3 / seconds / 1e12)
-    del a, b, out
-    return statistics.median(samples)
+    samples = _seconds_per_run(device, lambda: torch.matmul(a, b, out=out), repeats)
+    return statistics.median(2 * n**3 / seconds / 1e12 for seconds in samples)
 
 
 @dataclass

@@ -79,6 +79,13 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """``result``, copied into ``out`` (and ``out`` returned) when the caller gave one."""
+    if out is None:
+        return result
+    return out.copy_(result)
+
+
 def rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -106,11 +113,7 @@ def rmsnorm(
     torch.Tensor
         ``[T, H]`` in ``input``'s dtype.
     """
-    result = (_rms(input, eps) * weight.float()).to(input.dtype)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    return _into(out, (_rms(input, eps) * weight.float()).to(input.dtype))
 
 
 def fused_add_rmsnorm(
@@ -157,11 +160,7 @@ def gemma_rmsnorm(
     enable_pdl: bool | None = None,
 ) -> torch.Tensor:
     """Gemma's RMS norm: ``input / RMS(input) * (1 + weight)``; shapes as :func:`rmsnorm`."""
-    result = (_rms(input, eps) * (1.0 + weight.float())).to(input.dtype)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    return _into(out, (_rms(input, eps) * (1.0 + weight.float())).to(input.dtype))
 
 
 def gemma_fused_add_rmsnorm(

@@ -153,3 +153,40 @@ def test_order_by_places_and_by_prefix(num_experts: int, use_group: bool) -> Non
         label = f"E={num_experts} seed={seed}"
         assert place.cpu().tolist() == _brute_places(prim, flag, group, use_group), label
         assert [bool(v) for v in keep.cpu().tolist()] == _brute_prefix(prim, flag, kept_mass, needed), label
+
+
+@triton.jit
+def _bin_counts_kernel(
+    x_ptr, out_ptr, rows, n, alpha, beta, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_BINS: tl.constexpr
+):
+    r = tl.arange(0, ROWS)
+    e = tl.arange(0, BLOCK_E)
+    x = tl.load(x_ptr + r[:, None] * n + e[None, :], mask=(e < n)[None, :], other=float("-inf"))
+    counts = jit.lynx_bin_counts(x, r < rows, e, alpha, beta, ROWS, BLOCK_E, BLOCK_BINS)
+    b = tl.arange(0, BLOCK_BINS)
+    tl.store(out_ptr + e[:, None] * BLOCK_BINS + b[None, :], counts)
+
+
+@pytest.mark.parametrize("num_experts", [60, 128, 256])
+@pytest.mark.parametrize("voting_rows", [0, 1, 5, 16])
+def test_lynx_bin_counts_ignore_rows_that_do_not_vote(num_experts: int, voting_rows: int) -> None:
+    """Per (expert, bin) counts of the voting rows only, with depth ``min(beta, ceil(max - l) * alpha)``.
+    The padding rows hold the highest logits, so counting any of them changes the counts (on an H200 with
+    Triton 3.6, ``tl.histogram``'s own mask did)."""
+    rows, block_bins, alpha, beta = 16, 16, 2.0, 6
+    block_e = triton.next_power_of_2(num_experts)
+    gen = torch.Generator().manual_seed(num_experts + voting_rows)
+    x = torch.randn(rows, num_experts, generator=gen)
+    x[voting_rows:] = 50.0  # padding: every expert in bin 0 if it were counted
+    out = _on(torch.full((block_e, block_bins), -1, dtype=torch.int32))
+    _bin_counts_kernel[(1,)](
+        _on(x), out, voting_rows, num_experts, alpha, beta, ROWS=rows, BLOCK_E=block_e, BLOCK_BINS=block_bins
+    )
+    want = torch.zeros(block_e, block_bins, dtype=torch.int32)
+    for t in range(voting_rows):
+        top = x[t].max()
+        for e in range(num_experts):
+            depth = min(beta, int(-torch.ceil((x[t, e] - top) * alpha).item()))
+            want[e, depth] += 1
+    want[num_experts:, beta] = voting_rows  # padded experts (logit -inf) sit in the lowest bin
+    assert torch.equal(out.cpu(), want)

@@ -560,3 +560,23 @@ def test_cuda_without_an_index_is_the_current_device(spelling, monkeypatch) -> N
     monkeypatch.setattr(torch, "zeros", lambda *shape, **kw: real_zeros(*shape, **{**kw, "device": "meta"}))
     workspace = SelectionWorkspace(60, spelling)
     assert workspace.device == torch.device("cuda", 0)  # what a tensor on cuda:0 reports
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(
+    ("beta", "num_tokens", "num_experts"),
+    [
+        (4, 40, 128),  # n**5 < 2**61: one int64 per expert
+        (2, 4097, 64),  # 4097**3 < 2**61, one program per 64-row tile
+        (14, 7, 60),  # 7**15 ~ 2**42: still one int64
+        (14, 40, 128),  # 40**15 ~ 2**80: base-n digits
+        (8, 255, 160),  # 255**9 ~ 2**72: base-n digits over several programs
+    ],
+)
+def test_lynx_ranks_exactly_with_and_without_digits(beta, num_tokens, num_experts) -> None:
+    """LYNX's expert order ``s = sum_t n ** bin`` is one int64 while ``n ** (beta + 1) < 2**61`` and
+    base-n digits above; both give the reference's mask and routing, ties included (integer logits)."""
+    cfg = PrunerConfig(policy="lynx", alpha=1.0, beta=beta)
+    for kind in ("normal", "integers"):
+        logits = make_logits(num_tokens, num_experts, kind, seed=beta * 31 + num_tokens)
+        _compare_routing(logits, cfg, 8)

@@ -322,14 +322,15 @@ def lynx_depths(x, alpha, beta):
 @triton.jit
 def lynx_bin_counts(x, row_ok, e, alpha, beta, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_BINS: tl.constexpr):
     """[BLOCK_E, BLOCK_BINS] int32: the voting rows of a [ROWS, BLOCK_E] tile per (expert, LYNX bin).
-    One histogram over ``e * BLOCK_BINS + depth`` (depth <= beta < BLOCK_BINS) instead of one column
-    sum per bin."""
-    slot = e[None, :] * BLOCK_BINS + lynx_depths(x, alpha, beta)
-    voting = row_ok[:, None] & (e[None, :] >= 0)
-    flat = tl.histogram(
-        tl.reshape(slot, [ROWS * BLOCK_E]), BLOCK_E * BLOCK_BINS, mask=tl.reshape(voting, [ROWS * BLOCK_E])
-    )
-    return tl.reshape(flat, [BLOCK_E, BLOCK_BINS])
+    One histogram over ``e * BLOCK_BINS + depth`` (depth <= beta < BLOCK_BINS - 1) instead of one
+    column sum per bin.  Rows that do not vote go to each expert's last bin, which no depth reaches,
+    and that bin is cleared: ``tl.histogram``'s ``mask`` argument miscounted on an H200 with Triton
+    3.6 (LYNX's keep mask differed from the reference whenever a call had padding rows)."""
+    depth = tl.where(row_ok[:, None], lynx_depths(x, alpha, beta), BLOCK_BINS - 1)
+    slot = e[None, :] * BLOCK_BINS + depth
+    flat = tl.histogram(tl.reshape(slot, [ROWS * BLOCK_E]), BLOCK_E * BLOCK_BINS)
+    counts = tl.reshape(flat, [BLOCK_E, BLOCK_BINS])
+    return tl.where(tl.arange(0, BLOCK_BINS)[None, :] == BLOCK_BINS - 1, 0, counts)
 
 
 # --------------------------------------------------------------------------- phase B helpers
@@ -382,30 +383,43 @@ def lynx_s_ranks(
     CHUNK: tl.constexpr,
 ):
     """Exact rank of every expert by ``s[e] = sum_t n ** bin[t, e]``: equal s, equal rank; higher s,
-    higher rank.  ``counts`` [BLOCK_E, BLOCK_BINS] int64: tokens per (expert, bin).  ``s * n**beta``
-    is carried into base-n digits and compared digit by digit."""
+    higher rank.  ``counts`` [BLOCK_E, BLOCK_BINS] int64: tokens per (expert, bin).
+
+    ``s * n**beta = sum_b counts[e, b] * n**(beta - b)`` is at most ``n**(beta + 1)``.  While that
+    stays below 2**61 (every call with beta <= 4 and n <= 5000 voting tokens) it is one int64 per
+    expert: one weighted sum over the bins and one [E, E] comparison rank it.  Above, it is carried
+    into base-n digits (through ``digits_ptr``) and compared digit by digit."""
     bin_id = tl.arange(0, BLOCK_BINS)
-    num_digits = beta + 2
-    carry = tl.zeros([BLOCK_E], tl.int64)
-    for i in range(0, beta + 1):
-        value = tl.sum(tl.where(bin_id[None, :] == beta - i, counts, 0), axis=1) + carry
-        carry = floor_div(value, base)
-        tl.store(digits_ptr + e * BLOCK_BINS + i, value - carry * base, mask=e_ok)
-    tl.store(digits_ptr + e * BLOCK_BINS + beta + 1, carry, mask=e_ok)
-    tl.debug_barrier()
-    larger = tl.zeros([BLOCK_E], tl.int32)
-    for j0 in range(0, BLOCK_E, CHUNK):
-        j = j0 + tl.arange(0, CHUNK)
-        j_ok = j < num_experts
-        greater = tl.zeros([CHUNK, BLOCK_E], tl.int32)
-        equal = tl.zeros([CHUNK, BLOCK_E], tl.int32) + 1
-        for k in range(0, num_digits):
-            i = num_digits - 1 - k
-            d_j = tl.load(digits_ptr + j * BLOCK_BINS + i, mask=j_ok, other=0)
-            d_e = tl.load(digits_ptr + e * BLOCK_BINS + i, mask=e_ok, other=0)
-            greater = tl.where((equal != 0) & (d_j[:, None] > d_e[None, :]), 1, greater)
-            equal = tl.where(d_j[:, None] == d_e[None, :], equal, 0)
-        larger += tl.sum(tl.where(j_ok[:, None], greater, 0), axis=0)
+    # n ** (beta + 1) < 2**61, with a margin far wider than float32's rounding of log2
+    if (beta + 1) * tl.log2(base.to(tl.float32)) < 61.0:
+        weight = tl.where(bin_id <= beta, 1, 0).to(tl.int64)
+        for i in range(0, beta):
+            weight = tl.where(bin_id < beta - i, weight * base, weight)
+        s = tl.sum(counts * weight[None, :], axis=1)
+        s_e = tl.where(e_ok, s, -1)
+        larger = tl.sum(((s_e[:, None] > s_e[None, :]) & e_ok[:, None]).to(tl.int32), axis=0)
+    else:
+        num_digits = beta + 2
+        carry = tl.zeros([BLOCK_E], tl.int64)
+        for i in range(0, beta + 1):
+            value = tl.sum(tl.where(bin_id[None, :] == beta - i, counts, 0), axis=1) + carry
+            carry = floor_div(value, base)
+            tl.store(digits_ptr + e * BLOCK_BINS + i, value - carry * base, mask=e_ok)
+        tl.store(digits_ptr + e * BLOCK_BINS + beta + 1, carry, mask=e_ok)
+        tl.debug_barrier()
+        larger = tl.zeros([BLOCK_E], tl.int32)
+        for j0 in range(0, BLOCK_E, CHUNK):
+            j = j0 + tl.arange(0, CHUNK)
+            j_ok = j < num_experts
+            greater = tl.zeros([CHUNK, BLOCK_E], tl.int32)
+            equal = tl.zeros([CHUNK, BLOCK_E], tl.int32) + 1
+            for k in range(0, num_digits):
+                i = num_digits - 1 - k
+                d_j = tl.load(digits_ptr + j * BLOCK_BINS + i, mask=j_ok, other=0)
+                d_e = tl.load(digits_ptr + e * BLOCK_BINS + i, mask=e_ok, other=0)
+                greater = tl.where((equal != 0) & (d_j[:, None] > d_e[None, :]), 1, greater)
+                equal = tl.where(d_j[:, None] == d_e[None, :], equal, 0)
+            larger += tl.sum(tl.where(j_ok[:, None], greater, 0), axis=0)
     return num_experts - 1 - larger
 
 

@@ -27,6 +27,7 @@ Routers and policies are those of ``bench_selection.py``; ``--tokens`` (default 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -91,7 +92,10 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     rule = rules.get(mode, "-")
     if named["LYNX"]:
         digits = named["beta"] + 2
-        rule = f"{digits} digits x {block_e // named['CHUNK']} chunks"
+        if (named["beta"] + 1) * math.log2(max(num_tokens, 1)) < 61:  # s fits one int64 (lynx_s_ranks)
+            rule = f"{pairwise} of s"
+        else:
+            rule = f"{digits} digits x {block_e // named['CHUNK']} chunks"
         if named["SINGLE"]:
             rule += f" + {-(-num_tokens // chunk)} pick tiles x {top_k}"
     if named["PER_REQUEST"]:

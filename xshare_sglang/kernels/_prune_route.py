@@ -469,6 +469,26 @@ def lynx_picks(
     return picked_any
 
 
+@triton.jit
+def group_order_key(k1, k2, count, g, HAS_BIAS: tl.constexpr, KEY_SHIFT: tl.constexpr):
+    """int64 key of a group's rank in grouped routing (higher first, ties to the lower group): with a
+    bias, groups of two or more candidates first, by the sum of their two best values; without, by
+    their best value.  ``k1``, ``k2``: the group's best and second-best packed keys; ``count``: its
+    candidates; ``MIN_KEY`` for a group without candidates."""
+    if HAS_BIAS:
+        score = tl.where(count >= 2, key_value(k1) + key_value(k2), key_value(k1))
+        primary = tl.minimum(count, 2)
+        order = ordered_bits(score + 0.0).to(tl.int64)
+    else:
+        primary = tl.minimum(count, 1)
+        if KEY_SHIFT == 0:
+            order = ordered_bits(key_value(k1) + 0.0).to(tl.int64)
+        else:
+            order = (k1 >> ID_BITS).to(tl.int64)  # the same order as the value's bits
+    packed = (primary.to(tl.int64) << 42) | ((order + (1 << 31)) << ID_BITS) | (1023 - g)
+    return tl.where(count > 0, packed, MIN_KEY)
+
+
 # --------------------------------------------------------------------------- phase C: routing
 @triton.jit
 def route_block(
@@ -503,6 +523,7 @@ def route_block(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
 ):
     """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to."""
@@ -523,37 +544,47 @@ def route_block(
     lowest = lowest_key(KEY_SHIFT)
     if GROUPED:
         # rank the groups that hold a candidate; keep the best topk_group of them
-        group_of = e // group_size
         g_col = tl.arange(0, BLOCK_G)
-        group_key = tl.zeros([x.shape[0], BLOCK_G], tl.int64) + MIN_KEY
-        for g in range(0, num_groups):
-            in_group = (group_of == g)[None, :] & candidates
-            k1 = tl.max(tl.where(in_group, key, lowest), axis=1)
-            count = tl.sum(in_group.to(tl.int32), axis=1)
+        if GROUP_SIZE > 0:
+            # E = BLOCK_G * GROUP_SIZE: every group at once, as the last axis of a [rows, G, size] view
+            key3 = tl.reshape(key, [x.shape[0], BLOCK_G, GROUP_SIZE])
+            cand3 = tl.reshape(candidates, [x.shape[0], BLOCK_G, GROUP_SIZE])
+            k1 = tl.max(tl.where(cand3, key3, lowest), axis=2)
+            count = tl.sum(cand3.to(tl.int32), axis=2)
             if HAS_BIAS:
-                k2 = tl.max(tl.where(in_group & (key != k1[:, None]), key, MIN_KEY), axis=1)
-                score = tl.where(count >= 2, key_value(k1) + key_value(k2), key_value(k1))
-                primary = tl.minimum(count, 2)
-                order = ordered_bits(score + 0.0).to(tl.int64)
+                k2 = tl.max(tl.where(cand3 & (key3 != k1[:, :, None]), key3, MIN_KEY), axis=2)
             else:
-                primary = tl.minimum(count, 1)
-                if KEY_SHIFT == 0:
-                    order = ordered_bits(key_value(k1) + 0.0).to(tl.int64)
+                k2 = k1
+            group_key = group_order_key(k1, k2, count, g_col[None, :], HAS_BIAS, KEY_SHIFT)
+        else:
+            group_of = e // group_size
+            group_key = tl.zeros([x.shape[0], BLOCK_G], tl.int64) + MIN_KEY
+            for g in range(0, num_groups):
+                in_group = (group_of == g)[None, :] & candidates
+                k1 = tl.max(tl.where(in_group, key, lowest), axis=1)
+                count = tl.sum(in_group.to(tl.int32), axis=1)
+                if HAS_BIAS:
+                    k2 = tl.max(tl.where(in_group & (key != k1[:, None]), key, MIN_KEY), axis=1)
                 else:
-                    order = (k1 >> ID_BITS).to(tl.int64)  # the same order as the value's bits
-            packed = (primary.to(tl.int64) << 42) | ((order + (1 << 31)) << ID_BITS) | (1023 - g)
-            packed = tl.where(count > 0, packed, MIN_KEY)
-            group_key = tl.where(g_col[None, :] == g, packed[:, None], group_key)
+                    k2 = k1
+                packed = group_order_key(k1, k2, count, g, HAS_BIAS, KEY_SHIFT)
+                group_key = tl.where(g_col[None, :] == g, packed[:, None], group_key)
         chosen_groups = tl.zeros([x.shape[0], BLOCK_G], tl.int32)
         for _ in range(0, topk_group):
             best = tl.max(group_key, axis=1)
             hit = (group_key == best[:, None]) & (best[:, None] > MIN_KEY)
             chosen_groups = tl.where(hit, 1, chosen_groups)
             group_key = tl.where(hit, MIN_KEY, group_key)
-        in_chosen = tl.zeros(x.shape, tl.int32)
-        for g in range(0, BLOCK_G):
-            flag = tl.sum(tl.where(g_col[None, :] == g, chosen_groups, 0), axis=1)
-            in_chosen = tl.where((group_of == g)[None, :] & (flag[:, None] != 0), 1, in_chosen)
+        if GROUP_SIZE > 0:
+            in_chosen = tl.reshape(
+                tl.broadcast_to(chosen_groups[:, :, None], [x.shape[0], BLOCK_G, GROUP_SIZE]),
+                [x.shape[0], BLOCK_E],
+            )
+        else:
+            in_chosen = tl.zeros(x.shape, tl.int32)
+            for g in range(0, BLOCK_G):
+                flag = tl.sum(tl.where(g_col[None, :] == g, chosen_groups, 0), axis=1)
+                in_chosen = tl.where((group_of == g)[None, :] & (flag[:, None] != 0), 1, in_chosen)
         key = tl.where(in_chosen != 0, key, lowest)
     # raw weights: softmax terms over the candidates, or sigmoids
     if SIGMOID:
@@ -739,6 +770,7 @@ def select_kernel(
     BLOCK_BINS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
     CHUNK_T: tl.constexpr,
     CHUNK: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
@@ -1024,6 +1056,7 @@ def select_kernel(
                     BLOCK_E,
                     BLOCK_K,
                     BLOCK_G,
+                    GROUP_SIZE,
                     ROUTE_KEY_SHIFT,
                 )
                 used = tl.maximum(used, block_used)
@@ -1158,6 +1191,7 @@ def route_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
     CHUNK_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ALL_KEPT: tl.constexpr,
@@ -1211,6 +1245,7 @@ def route_kernel(
         BLOCK_E,
         BLOCK_K,
         BLOCK_G,
+        GROUP_SIZE,
         KEY_SHIFT,
     )
     if HAS_METRICS:

@@ -43,6 +43,8 @@ MAX_GROUPS = 32
 MAX_TOKENS_PER_REQUEST = 64
 MAX_LYNX_BETA = 14
 MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most)
+TILE_ELEMENTS = 2048  # a tile of rows holds about this many logits
+MAX_TILE_ROWS = 16
 MAX_PARTS = 64  # programs of the selection (each adds its share into the accumulators with atomics)
 # ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
 MAX_COVERAGE_TOKENS = 1024
@@ -69,6 +71,15 @@ def _interpreting() -> bool:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def kernel_warps(block_experts: int, plan: LaunchPlan) -> int:
+    """Warps per program of every kernel of one call."""
+    return 8 if block_experts >= 256 else 4
 
 
 def per_request_policy(cfg: PrunerConfig) -> bool:
@@ -140,7 +151,7 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
     are no taller than the call (a 16-row tile at T=1 did the work of 16 rows).
     """
     block_experts = max(16, _next_pow2(num_experts))
-    tile_rows = max(1, min(16, 2048 // block_experts))  # keep a tile near 2048 elements
+    tile_rows = max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // block_experts))
     # a request's rows are read in tiles of at most D rows (a request shorter than D is padding)
     chunk = min(tile_rows, _next_pow2(tokens_per_request)) if per_request else tile_rows
     rows = max(num_tokens, 1)
@@ -317,7 +328,11 @@ def _launch(
         BLOCK_E=block_e,
         BLOCK_K=max(2, _next_pow2(router.top_k)),
         BLOCK_G=max(2, _next_pow2(num_groups)),
-        num_warps=8 if block_e >= 256 else 4,
+        # every group at once when the groups split a power-of-two E evenly into a power-of-two count
+        GROUP_SIZE=num_experts // num_groups
+        if num_groups > 1 and num_experts == block_e and _is_pow2(num_groups)
+        else 0,
+        num_warps=kernel_warps(block_e, plan),
         enable_fp_fusion=False,
     )
     # int32 order keys when the logits are 16-bit floats (exact: see _prune_route.pack_key); the

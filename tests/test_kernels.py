@@ -24,6 +24,7 @@ from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.kernels import SelectionWorkspace, plan_launch, prune_route, select_keep_mask
 from xshare_sglang.kernels import _prune_route as jit
+from xshare_sglang.kernels.prune_route import MAX_TILE_ROWS, TILE_ELEMENTS
 from xshare_sglang.policies.api import select
 from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
@@ -316,7 +317,7 @@ def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens
         assert plan.rows_per_request == tokens_per_request  # requests never straddle programs
     # one launch (selection and routing in one program) exactly when the call is one tile of rows, or one
     # request of a per-request policy; then the tile is no taller than the call
-    base_tile = max(1, min(16, 2048 // plan.block_experts))
+    base_tile = max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // plan.block_experts))
     assert plan.single == (num_tokens <= (tokens_per_request if spec else base_tile)), plan
     if plan.single:
         assert plan.route_programs == 0 and plan.route_rows <= max(1, 2 * num_tokens - 1)

@@ -121,9 +121,9 @@ def main() -> int:
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",
-        "| router | T | policy | kernel | grid | SASS | SHFL | BAR | CALL | loops | regs | tiles x ranks | parts "
-        "| rule | route |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
+        "| router | T | policy | kernel | grid | SASS | SHFL | BAR | CALL | loops | regs | spill | tiles x ranks "
+        "| parts | rule | route |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
     ]
     for model in args.models.split(","):
         num_experts, router = ROUTERS[model]
@@ -149,7 +149,8 @@ def main() -> int:
                     lines.append(
                         f"| {model} | {num_tokens} | {name} | {kernel.removesuffix('_kernel')} | {grid[0]} | "
                         f"{stats.instructions} | {stats.shuffles} | {stats.barriers} | {stats.calls} | "
-                        f"{stats.backward_branches} | {stats.registers} | {trips['tiles']} x {trips['ranks']} | "
+                        f"{stats.backward_branches} | {stats.registers} | {stats.local_memory} | "
+                        f"{trips['tiles']} x {trips['ranks']} | "
                         f"{trips['parts']} | {trips['rule']} | {trips['route']} |"
                     )
                     print(lines[-1], flush=True)

@@ -87,6 +87,7 @@ class SassStats:
     calls: int  # CALL: subroutines (int64 division, correctly rounded division, ...)
     backward_branches: int  # branches to an earlier instruction: loops
     global_loads: int
+    local_memory: int  # STL / LDL: registers spilled to local memory and read back
     registers: int
 
 
@@ -114,7 +115,9 @@ def sass_stats(compiled) -> SassStats:
     """Count the SASS of a compiled kernel (disassembled with the ``cuobjdump`` Triton ships)."""
     cubin = compiled.asm["cubin"]
     sass = _cuobjdump(cubin, "-sass")
-    counts = dict(instructions=0, shuffles=0, barriers=0, atomics=0, calls=0, backward_branches=0, global_loads=0)
+    counts = dict(
+        instructions=0, shuffles=0, barriers=0, atomics=0, calls=0, backward_branches=0, global_loads=0, local_memory=0
+    )
     for match in _INSTRUCTION.finditer(sass):
         address, opcode, operands = int(match.group(1), 16), match.group(3), match.group(4)
         base = opcode.split(".")[0]
@@ -126,6 +129,7 @@ def sass_stats(compiled) -> SassStats:
         counts["atomics"] += base in ("ATOM", "ATOMG", "RED", "REDG")
         counts["calls"] += base == "CALL"
         counts["global_loads"] += base in ("LDG", "LD")
+        counts["local_memory"] += base in ("STL", "LDL")
         if base == "BRA":
             target = re.search(r"0x([0-9a-f]+)", operands)
             if target is not None and int(target.group(1), 16) < address:

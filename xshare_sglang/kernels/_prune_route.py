@@ -40,13 +40,39 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   depend on the order the atomics land in.
 * LYNX took every row's picks in the last program (linear in T); with P > 1 they run in
   ``lynx_pick_kernel``, one tile per program, with one int64 key per entry so each pick is one max.
-  Its bin counts are one histogram per tile (``lynx_bin_counts``) instead of one column sum per bin.
+  Its bin counts (``lynx_bin_counts``) were one column sum per bin, then one ``tl.histogram`` per
+  tile (whose ``mask`` miscounted padding rows on an H200, and which spilled registers at E=256);
+  now each entry adds ``16 ** depth`` to its expert's int64 and one sum down the rows counts every
+  bin at once.  Exact: a tile has at most 15 rows, so no 4-bit field carries into the next.
+* LYNX's expert order ``s = sum_t n ** bin`` was carried into base-n digits and compared digit by
+  digit through global memory (``beta + 2`` loads per chunk of experts).  While ``n ** (beta + 1)
+  < 2**61`` (beta <= 4 up to ~5000 tokens) ``s`` is one int64 per expert: one weighted sum over the
+  bins and one [E, E] comparison.  Exact: the integer is ``s * n**beta`` itself, below 2**63.  The
+  digits remain for larger ``n`` and ``beta``.
+* Grouped routing (DeepSeek-V3) ranked the groups in a loop over groups, three row reductions each,
+  and marked the chosen groups in a second loop.  When the groups split a power-of-two E evenly it
+  views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.
+  Exact: the same keys, maxima and counts, taken per group at once.
+* ``xshare-ep``'s order inside each rank masked an [E, E] key comparison with an [E, E] group
+  equality (hundreds of spilled registers at E=256).  Now the global places ``p`` come first and one
+  int32 comparison of ``rank * 1024 + p`` against each expert's rank start, unsigned, counts the
+  experts of the same rank before it.  Exact: places are below 1024, so lower ranks wrap to large
+  unsigned values and higher ranks are at least 1024.
 * Argmax rounds over a row (the warm-up ranks, the routing top-k, LYNX picks) compare int32 keys when
   the logits are bfloat16 or float16 (``pack_key``): half the shuffles of an int64 reduction.  Exact:
   a 16-bit float's value in float32 has its low mantissa bits zero, so the shifted ordered bits of two
   distinct values differ and keep their order; a sanitized +inf gets the rank of +inf.
 * One program no longer walks several row tiles or requests (``plan_launch`` spreads them over
-  programs) and its tiles are no taller than the call.
+  programs), its tiles are no taller than the call, and hold at most 8 rows (more programs of fewer
+  rows were faster at T=128 on an H200).  Inside a tile the compiler lays the rows across warps
+  (two rows per warp at E=128), so per-row reductions stay within a warp: shuffles, no barriers.
+
+What is still serial: above one tile a call is three launches (the counter reset, the selection,
+the routing) joined by a ticket; on an H200 that alone costs 3-4 us over ``none``, whatever the
+policy (static moe-spec, which selects nothing per row, measures it).  One launch would need every
+program to wait for the last one, a grid-wide barrier: CUDA guarantees it only for co-resident
+programs (a cooperative launch), and Triton's interpreter, which CI tests these kernels with, runs
+programs one after another, so a waiting program would never see the others.
 
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
 aggregates and thresholds, and every division that feeds a mask or a metric correctly rounded with
@@ -322,18 +348,20 @@ def lynx_depths(x, alpha, beta):
 @triton.jit
 def lynx_bin_counts(x, row_ok, e, alpha, beta, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_BINS: tl.constexpr):
     """[BLOCK_E, BLOCK_BINS] int32: the voting rows of a [ROWS, BLOCK_E] tile per (expert, LYNX bin).
-    One histogram over ``e * BLOCK_BINS + depth`` (depth <= beta < BLOCK_BINS - 1) instead of one
-    column sum per bin.  Rows that do not vote go to each expert's last bin, which no depth reaches,
-    and that bin is cleared: ``tl.histogram``'s ``mask`` argument miscounted on an H200 with Triton
-    3.6 (LYNX's keep mask differed from the reference whenever a call had padding rows)."""
-    depth = tl.where(row_ok[:, None], lynx_depths(x, alpha, beta), BLOCK_BINS - 1)
-    slot = e[None, :] * BLOCK_BINS + depth
-    flat = tl.histogram(tl.reshape(slot, [ROWS * BLOCK_E]), BLOCK_E * BLOCK_BINS)
-    counts = tl.reshape(flat, [BLOCK_E, BLOCK_BINS])
-    return tl.where(tl.arange(0, BLOCK_BINS)[None, :] == BLOCK_BINS - 1, 0, counts)
+
+    Each entry adds ``16 ** depth`` to its expert's int64: with at most 15 rows a bin's count fits its
+    4 bits without carrying into the next, and 15 bins (depth <= beta <= 14) fill 60 bits.  One sum down
+    the rows, then each bin is four bits of it.  (``tl.histogram`` over ``e * BLOCK_BINS + depth``
+    spilled hundreds of registers at E=256 on sm_90, and its ``mask`` argument miscounted padding rows
+    on an H200 with Triton 3.6.)"""
+    tl.static_assert(ROWS <= 15, "LYNX bin counts pack up to 15 rows per 4-bit field")
+    depth = lynx_depths(x, alpha, beta).to(tl.int64)
+    code = tl.where(row_ok[:, None] & (e[None, :] >= 0), tl.full([], 1, tl.int64) << (depth * 4), 0)
+    packed = tl.sum(code, axis=0)
+    bin_shift = (tl.arange(0, BLOCK_BINS) * 4).to(tl.int64)
+    return ((packed[:, None] >> bin_shift[None, :]) & 15).to(tl.int32)
 
 
-# --------------------------------------------------------------------------- phase B helpers
 @triton.jit
 def order_key(prim, e, flag):
     """int64 key of the order (prim desc, index asc) for ``0 <= prim < 2**53``: ``prim`` high, the
@@ -345,13 +373,23 @@ def order_key(prim, e, flag):
 def places(prim, flag, e, e_ok, group, USE_GROUP: tl.constexpr):
     """For every expert: how many flagged experts (of its group, with ``USE_GROUP``) come before it in
     the order (prim desc, index asc), int32.  All pairs at once in registers: one [E, E] comparison of
-    packed keys and one sum down the columns (the compiler moves the vector across threads once)."""
+    packed keys and one sum down the columns (the compiler moves the vector across threads once).
+
+    With groups (``0 <= group < 2**20``), the global places ``p`` come first; then ``group * 1024 + p``
+    (places are below 1024: E <= 512) orders the experts by group and, inside a group, as ``prim``
+    does.  A flagged expert j is before e in e's group exactly when its composite key less e's group
+    start, as an unsigned number, is below ``p[e]``: lower groups wrap to large values, higher groups
+    are at least 1024.  One int32 comparison per pair.  (A mask of group equality and-ed with the key
+    comparison spilled over 500 registers to local memory at E=256 on sm_90.)"""
     key_e = order_key(prim, e, e_ok)
     key_j = order_key(prim, e, flag & e_ok)
-    before = key_j[:, None] > key_e[None, :]
+    before = tl.sum((key_j[:, None] > key_e[None, :]).to(tl.int32), axis=0)
     if USE_GROUP:
-        before = before & (group[:, None] == group[None, :])
-    return tl.sum(before.to(tl.int32), axis=0)
+        group_start = group.to(tl.int32) * 1024
+        composite_j = tl.where(flag & e_ok, group_start + before, -1)  # -1: never counted (0xFFFFFFFF)
+        offset = (composite_j[:, None] - group_start[None, :]).to(tl.uint32, bitcast=True)
+        before = tl.sum((offset < before[None, :].to(tl.uint32)).to(tl.int32), axis=0)
+    return before
 
 
 @triton.jit
@@ -396,8 +434,13 @@ def lynx_s_ranks(
         for i in range(0, beta):
             weight = tl.where(bin_id < beta - i, weight * base, weight)
         s = tl.sum(counts * weight[None, :], axis=1)
-        s_e = tl.where(e_ok, s, -1)
-        larger = tl.sum(((s_e[:, None] > s_e[None, :]) & e_ok[:, None]).to(tl.int32), axis=0)
+        # through memory once: compared across all pairs in the layout of the sum over bins, the
+        # [E, E] comparison spilled thousands of registers at E=256 on sm_90; reloaded, it takes the
+        # layout of a plain [E] vector and spills none
+        tl.store(digits_ptr + e, tl.where(e_ok, s, -1))  # s >= 0: a padded expert is never larger
+        tl.debug_barrier()
+        s_e = tl.load(digits_ptr + e)
+        larger = tl.sum((s_e[:, None] > s_e[None, :]).to(tl.int32), axis=0)
     else:
         num_digits = beta + 2
         carry = tl.zeros([BLOCK_E], tl.int64)

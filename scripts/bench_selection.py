@@ -114,6 +114,15 @@ def policy_configs(num_experts: int, top_k: int, ranking_dir: Path) -> dict[str,
     counts = [[float((e * 7919) % 101) for e in range(num_experts)]]
     ranking = ranking_dir / f"ranking_{num_experts}.json"
     ranking.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}))
+    # co-activation counts: each expert's own count on the diagonal, pairs fewer (synthetic, fixed)
+    pairs = [
+        [counts[0][i] if i == j else float((i * 31 + j * 17) % 23) for j in range(num_experts)]
+        for i in range(num_experts)
+    ]
+    coactivation = ranking_dir / f"coactivation_{num_experts}.json"
+    coactivation.write_text(
+        json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts, "coactivation": [pairs]})
+    )
     return {
         "oea": (PrunerConfig(policy="oea", k0=1), "decode"),
         "xshare": (PrunerConfig(policy="xshare", k0=1, budget=scaled(16)), "decode"),
@@ -122,6 +131,13 @@ def policy_configs(num_experts: int, top_k: int, ranking_dir: Path) -> dict[str,
         "moe-spec": (PrunerConfig(policy="moe-spec", max_experts=scaled(32)), "decode"),
         "moe-spec-static": (
             PrunerConfig(policy="moe-spec", max_experts=scaled(32), ranking="static", static_ranking_path=str(ranking)),
+            "decode",
+        ),
+        "moe-spec-coverage": (PrunerConfig(policy="moe-spec", max_experts=scaled(32), ranking="coverage"), "decode"),
+        "moe-spec-coact": (
+            PrunerConfig(
+                policy="moe-spec", max_experts=scaled(32), ranking="coactivation", static_ranking_path=str(coactivation)
+            ),
             "decode",
         ),
         "lynx": (PrunerConfig(policy="lynx", alpha=2.0, beta=4), "decode"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one command, for one call of the lent GPU machine (at most 8 minutes).
+# Every GPU check of the project in one command, for one call of the lent GPU machine (at most 9 minutes).
 #
 #   scripts/gpu_check.sh --sha "$(git rev-parse --short HEAD)"      # on the GPU machine, repository root
 #
@@ -21,7 +21,7 @@
 # selection.csv, moe_layer.md, moe_layer.csv, guard_table.md, guard_table.json.
 #
 # Options: --sha SHA (recorded in every table; the device gets no .git), --only STAGE[,STAGE] (a
-# subset, e.g. --only tests), --budget SECONDS (total, default 450; the stage boxes scale with it).
+# subset, e.g. --only tests), --budget SECONDS (total, default 520; the stage boxes scale with it).
 # SGLang's fused-MoE kernel file is read from .sgl/ when present (see docs/benchmarks.md); without it
 # the benchmarks time torch._grouped_mm and say so.
 set -uo pipefail
@@ -29,7 +29,7 @@ cd "$(dirname "$0")/.."
 
 sha=unknown
 only=tests,selection,moe_layer,kernel_routing,guard
-budget=450
+budget=520
 while [ $# -gt 0 ]; do
     case "$1" in
         --sha) sha=$2; shift 2 ;;
@@ -89,20 +89,20 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$log"
 
 if wanted tests; then
-    stage tests "$(box 22)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
+    stage tests "$(box 25)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py tests/test_kernel_primitives.py \
         tests/test_kernels.py -k "gpu or knocked or per_stream or current_device or sixteen or infinity or primitives"
     keep "$work/gpu_tests.xml"
 fi
 if wanted selection; then
-    seconds=$(box 42)
-    stage selection "$seconds" python3 scripts/bench_selection.py --tokens 1,8,32,128,512 \
+    seconds=$(box 40)
+    stage selection "$seconds" python3 scripts/bench_selection.py --tokens 1,8,32,64,128,256,512 \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/selection" "${sgl_args[@]}"
     keep "$work/selection/selection.md" "$work/selection/selection.csv"
 fi
 if wanted moe_layer; then
-    seconds=$(box 25)
+    seconds=$(box 20)
     stage moe_layer "$seconds" python3 scripts/bench_moe_layer.py --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3-ep8 \
         --tokens 8,32,128,512 --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" \
         --git-sha "$sha" --out-dir "$work/moe_layer" "${sgl_args[@]}"
@@ -112,7 +112,7 @@ if wanted kernel_routing; then
     # GPT-OSS's default routing (triton_kernels, carried in .sgl/site; see docs/benchmarks.md), pruned
     # through the router logits: the gpu tests of that path, then its added cost per layer call
     if PYTHONPATH=.:.sgl/site python3 -c "import triton_kernels.topk" >>"$log" 2>&1; then
-        seconds=$(box 12)
+        seconds=$(box 5)
         stage kernel_routing "$seconds" env PYTHONPATH=.:.sgl/site bash -c \
             "python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernel_routing_gpu.py \
              && python3 scripts/bench_kernel_routing.py --git-sha $sha --calls 10 --replays 20"

@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -439,6 +440,8 @@ def main() -> int:
     import triton
 
     source = TraceRouting(args.trace, seed=args.seed)
+    # the synthetic static and co-activation files of the calibrated rankings: not part of the output
+    rankings = tempfile.TemporaryDirectory(prefix="xshare-bench-rankings-")
     meta = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (smoke run, times are not measurements)",
         "torch": torch.__version__,
@@ -470,7 +473,7 @@ def main() -> int:
             print(f"[{name}] ERROR setup: {exc}", flush=True)
             continue
         meta["moe_backend"] = bench.info["backend"]
-        configs = policy_configs(model.shape.num_experts, model.router.top_k, out_dir)
+        configs = policy_configs(model.shape.num_experts, model.router.top_k, Path(rankings.name))
         wanted = list(configs) if args.policies == "all" else args.policies.split(",")
         for num_tokens in tokens:
             if time.monotonic() > t0 + 60 * args.max_minutes:

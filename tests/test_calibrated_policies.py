@@ -353,7 +353,7 @@ def test_calibrate_from_trace_cli(tmp_path) -> None:
 @pytest.mark.fused_selection
 @pytest.mark.parametrize("variant", ["coverage", "coactivation", "calibrated"])
 def test_new_rankings_keep_the_launch_count(tmp_path, variant: str, monkeypatch) -> None:
-    """One launch when the batch is one tile of rows (16 at E=128), two above, as for every other policy."""
+    """One launch when the batch is one tile of rows (8 at E=128), two above, as for every other policy."""
     from xshare_sglang.kernels import _prune_route as jit
 
     path = str(_calibration_file(tmp_path, num_layers=2, num_experts=128))
@@ -372,7 +372,7 @@ def test_new_rankings_keep_the_launch_count(tmp_path, variant: str, monkeypatch)
         return original_run(self, *args, **kwargs)
 
     monkeypatch.setattr(launcher, "run", counting_run)
-    for num_tokens, expected in [(1, 1), (16, 1), (17, 2), (32, 2), (255, 2)]:
+    for num_tokens, expected in [(1, 1), (8, 1), (9, 2), (32, 2), (255, 2)]:
         launches.clear()
         logits = make_logits(num_tokens, 128, "normal", seed=num_tokens).to(DEVICE)
         call = routing_call(logits, RouterSpec(8), layer_id=1)

@@ -140,7 +140,9 @@ GUARD_METRICS: tuple[MetricSpec, ...] = (
 
 #: Families already made in this process, by (registry, name): a second reporter reuses them
 #: (prometheus_client refuses to register a name twice).
-_FAMILIES: dict[tuple[int, str], tuple[tuple[str, ...], Any]] = {}
+# (id(registry), name) -> (registry, label names, family); holding the registry keeps its id from being
+# reused by a later registry after this one is garbage-collected
+_FAMILIES: dict[tuple[int, str], tuple[Any, tuple[str, ...], Any]] = {}
 
 
 def _family(spec: MetricSpec, labelnames: list[str], registry: Any = None) -> Any:
@@ -154,8 +156,8 @@ def _family(spec: MetricSpec, labelnames: list[str], registry: Any = None) -> An
     registry = REGISTRY if registry is None else registry
     key = (id(registry), spec.name)
     names = tuple(labelnames)
-    if key in _FAMILIES:
-        known, family = _FAMILIES[key]
+    if key in _FAMILIES and _FAMILIES[key][0] is registry:
+        _, known, family = _FAMILIES[key]
         if known != names:
             raise ValueError(f"{spec.name} already exists with labels {list(known)}, not {list(names)}")
         return family
@@ -163,7 +165,7 @@ def _family(spec: MetricSpec, labelnames: list[str], registry: Any = None) -> An
         family = Counter(spec.name, spec.help, labelnames=names, registry=registry)
     else:
         family = Gauge(spec.name, spec.help, labelnames=names, multiprocess_mode="mostrecent", registry=registry)
-    _FAMILIES[key] = (names, family)
+    _FAMILIES[key] = (registry, names, family)
     return family
 
 

@@ -39,7 +39,6 @@ under ``TRITON_INTERPRET=1`` (checks and launch counts; its times are no measure
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -64,13 +63,7 @@ from xshare_sglang.bench.moe_layer import (
     build_case,
     resolve_backends,
 )
-from xshare_sglang.kernels import (
-    SelectionWorkspace,
-    per_request_policy,
-    plan_launch,
-    prune_route,
-    resident_programs,
-)
+from xshare_sglang.kernels import SelectionWorkspace, per_request_policy, plan_launch, prune_route
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 
@@ -329,13 +322,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
     none_us = time_graph(lambda i: sel.select(none, i), args.calls, args.replays)
     layer_us = time_graph(lambda i: sel.layer(cfg, i), args.calls, args.replays)
     tokens = sel.case.tokens
-    plan = plan_launch(
-        tokens,
-        sel.model.shape.num_experts,
-        sel.case.tokens_per_request,
-        per_request_policy(cfg),
-        resident_programs(sel.bench.device),
-    )
+    plan = plan_launch(tokens, sel.model.shape.num_experts, sel.case.tokens_per_request, per_request_policy(cfg))
     share = selection_us / layer_us
     measured = torch.cuda.is_available()
     checks_ok = (
@@ -410,16 +397,8 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODEL_ROUTERS), help=f"subset of {', '.join(MODEL_ROUTERS)}")
     parser.add_argument("--tokens", default="1,8,32,64,128,256,512", help="token counts T")
     parser.add_argument("--policies", default="all", help="comma-separated subset of the policies, or all")
-    parser.add_argument(
-        "--no-grid-barrier",
-        action="store_true",
-        help="time calls above one program as separate launches (selection, LYNX picks, routing), as "
-        "before the fused launch: the A/B of the grid-wide barrier",
-    )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
-    if args.no_grid_barrier:
-        importlib.import_module("xshare_sglang.kernels.prune_route").GRID_BARRIER = False
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     models = {**MODEL_ROUTERS, **SMOKE_ROUTERS}
@@ -476,7 +455,6 @@ def main() -> int:
         "replays": args.replays,
         "rotate": args.rotate,
         "draft_tokens": DRAFT_TOKENS,
-        "grid_barrier": not args.no_grid_barrier,
         "trace": source.name,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": " ".join(sys.argv),

@@ -98,22 +98,13 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
             rule = f"{digits} digits x {block_e // named['CHUNK']} chunks"
         if named["SINGLE"]:
             rule += f" + {-(-num_tokens // chunk)} pick tiles x {top_k}"
-        elif named["FUSED"]:
-            rule += f" + {-(-per_program // named['ROUTE_T'])} pick tiles x {top_k}"
     if named["PER_REQUEST"]:
         rule += f"; {named['request_budget']} picks per request"
-    route = "-"
-    if named["SINGLE"] and named["ROUTE"]:
-        route = f"{-(-num_tokens // named['ROUTE_T'])} x {top_k}"
-    elif named["FUSED"]:
-        route = f"{-(-per_program // named['ROUTE_T'])} x {top_k}"
-    parts = "-" if named["SINGLE"] else f"{grid[0]} atomic"
-    if named["FUSED"]:
-        parts += " + barrier"
+    route = f"{-(-num_tokens // named['ROUTE_T'])} x {top_k}" if named["SINGLE"] and named["ROUTE"] else "-"
     return {
         "tiles": str(tiles if reads_rows else 0),
         "ranks": str(ranks if reads_rows else 0),
-        "parts": parts,
+        "parts": "-" if named["SINGLE"] else f"{grid[0]} atomic",
         "rule": rule,
         "route": route,
     }
@@ -125,12 +116,6 @@ def main() -> int:
     parser.add_argument("--tokens", default="1,32,512", help="token counts T")
     parser.add_argument("--policies", default="all", help="comma-separated subset, or all")
     parser.add_argument("--out", default=None, help="also write the Markdown table here")
-    parser.add_argument(
-        "--resident",
-        type=int,
-        default=66,
-        help="programs the GPU runs at once (132 SMs / 2 on an H100 or H200); 0: the multi-launch path",
-    )
     args = parser.parse_args()
     jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
     lines = [
@@ -156,9 +141,7 @@ def main() -> int:
                     expert_to_rank=torch.arange(num_experts, dtype=torch.int32) // (num_experts // 8),
                     correction_bias=torch.zeros(num_experts) if router.scoring == "sigmoid" else None,
                 )
-                launches = capture_launches(
-                    call, cfg, resident=args.resident, metrics_row=torch.zeros(4, dtype=torch.int64)
-                )
+                launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64))
                 for kernel, (grid, kernel_args, kwargs) in launches.items():
                     named = dict(zip(getattr(jit, kernel).arg_names, kernel_args, strict=False)) | kwargs
                     stats = sass_stats(compile_launch(kernel, kernel_args, kwargs))

@@ -34,18 +34,15 @@ class _Recorder:
         return launch
 
 
-def capture_launches(call, cfg, resident: int = 0, **prune_route_kwargs) -> dict[str, tuple]:
+def capture_launches(call, cfg, **prune_route_kwargs) -> dict[str, tuple]:
     """The launches one :func:`~xshare_sglang.kernels.prune_route` call makes, without launching:
-    ``{kernel name: (grid, args, kwargs)}``.  ``call`` holds CPU tensors.  ``resident`` is how many
-    programs the target GPU may run at once (:func:`~xshare_sglang.kernels.resident_programs`; 66 on
-    an H100 or H200): above one program the call is then one fused launch, as on that GPU."""
+    ``{kernel name: (grid, args, kwargs)}``.  ``call`` holds CPU tensors."""
     wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
     jit = importlib.import_module("xshare_sglang.kernels._prune_route")
     real = {name: getattr(jit, name) for name in KERNELS}
     captured: dict = {}
-    interpreting, real_resident = wrapper._interpreting, wrapper.resident_programs
+    interpreting = wrapper._interpreting
     wrapper._interpreting = lambda: True  # CPU tensors reach the launch code
-    wrapper.resident_programs = lambda device: resident
     for name in KERNELS:
         setattr(jit, name, _Recorder(name, captured))
     try:
@@ -54,7 +51,6 @@ def capture_launches(call, cfg, resident: int = 0, **prune_route_kwargs) -> dict
         for name, kernel in real.items():
             setattr(jit, name, kernel)
         wrapper._interpreting = interpreting
-        wrapper.resident_programs = real_resident
     return captured
 
 

@@ -1,9 +1,8 @@
 """Triton kernels of the pruner and their graph-safe launch wrappers.
 
 * :func:`prune_route` - keep mask and pruned routing of one MoE layer call (ids and weights in
-  SGLang's ``TopKOutput`` layout), in place of SGLang's top-k: on a GPU one kernel launch (after
-  a counter reset above one program), under Triton's interpreter up to three; the reference is
-  :func:`xshare_sglang.policies.prune_route.prune_route`;
+  SGLang's ``TopKOutput`` layout), in place of SGLang's top-k, in one launch for small batches and
+  two otherwise; the reference is :func:`xshare_sglang.policies.prune_route.prune_route`;
 * :func:`select_keep_mask` - the keep mask alone, in one launch (same meaning as
   :func:`xshare_sglang.select_experts_mask`);
 * :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture, one per
@@ -18,7 +17,6 @@ from .prune_route import (
     per_request_policy,
     plan_launch,
     prune_route,
-    resident_programs,
     select_keep_mask,
     unsupported_reason,
     workspace_key,
@@ -29,7 +27,6 @@ __all__ = [
     "per_request_policy",
     "plan_launch",
     "prune_route",
-    "resident_programs",
     "select_keep_mask",
     "unsupported_reason",
     "workspace_key",

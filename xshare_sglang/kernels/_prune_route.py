@@ -270,18 +270,6 @@ def num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR: tl.conste
 
 
 @triton.jit
-def wait_flag(flag_ptr, target, SPIN_LIMIT: tl.constexpr):
-    """Spin until the int32 at ``flag_ptr`` reaches ``target`` (an acquire: what was stored before
-    its release is visible after), at most ``SPIN_LIMIT`` polls.  Returns whether it got there."""
-    seen = tl.atomic_add(flag_ptr, 0, sem="acquire")
-    spins = 0
-    while (seen < target) & (spins < SPIN_LIMIT):
-        seen = tl.atomic_add(flag_ptr, 0, sem="acquire")
-        spins += 1
-    return seen >= target
-
-
-@triton.jit
 def load_rows(
     logits_ptr,
     stride_t,
@@ -785,8 +773,6 @@ def select_kernel(
     digits_ptr,
     s_rank_ptr,
     ticket_ptr,
-    used_ptr,
-    picked_ptr,
     # outputs
     keep_ptr,
     metrics_ptr,
@@ -817,8 +803,6 @@ def select_kernel(
     HAS_STATS: tl.constexpr,
     SINGLE: tl.constexpr,
     ROUTE: tl.constexpr,
-    FUSED: tl.constexpr,
-    SPIN_LIMIT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     TRUNCATION: tl.constexpr,
@@ -1121,125 +1105,6 @@ def select_kernel(
                 used = tl.maximum(used, block_used)
             if HAS_METRICS:
                 tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum(used.to(tl.int64), axis=0))
-
-    # phases B' and C on P > 1 programs in this launch (FUSED): every program waits for the one that
-    # finishes the mask (a grid-wide barrier: the wrapper launches no more programs than can be
-    # resident at once), then routes its own rows.  The word after the three tickets is the flag the
-    # finishing program raises; a program that polls it SPIN_LIMIT times without seeing it routes its
-    # rows over every expert (unpruned, still a valid routing) rather than wait forever.
-    if FUSED:
-        ready_ptr = ticket_ptr + 3
-        if LYNX:
-            # the last program ranked the experts by s (stored above); every program then takes the
-            # picks of its rows, and the last to add them finishes the mask
-            if last:
-                tl.debug_barrier()
-                tl.atomic_xchg(ready_ptr, 1, sem="release")
-            ranked = wait_flag(ready_ptr, 1, SPIN_LIMIT)
-            s_rank = tl.load(s_rank_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-            picked = lynx_picks(
-                logits_ptr,
-                stride_t,
-                stride_e,
-                first_row,
-                first_row + num_rows,
-                n_valid,
-                weights_ptr,
-                s_rank,
-                e,
-                e_ok,
-                top_k,
-                alpha,
-                beta,
-                HAS_WEIGHTS,
-                KEY_SHIFT,
-                BLOCK_E,
-                ROUTE_T,
-            )
-            picked = tl.where(ranked, picked, 0)
-            tl.atomic_max(picked_ptr + e, picked, mask=e_ok & (picked != 0), sem="relaxed")
-            tl.debug_barrier()
-            pick_ticket = tl.atomic_add(ticket_ptr + 2, 1, sem="acq_rel")
-            if pick_ticket == num_parts - 1:
-                keep = (tl.load(picked_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") != 0) & e_ok
-                agg = tl.zeros([BLOCK_E], tl.int64)
-                if NEED_SCORES:
-                    agg = tl.load(agg_acc_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-                finish_keep(
-                    keep,
-                    e < 0,
-                    agg,
-                    e,
-                    e_ok,
-                    n_valid,
-                    cap,
-                    min_tokens,
-                    max_tokens,
-                    keep_ptr,
-                    metrics_ptr,
-                    stats_ptr,
-                    HAS_CAP,
-                    HAS_RANGE,
-                    HAS_METRICS,
-                    HAS_STATS,
-                )
-                tl.debug_barrier()
-                tl.atomic_xchg(ready_ptr, 2, sem="release")
-            kept = wait_flag(ready_ptr, 2, SPIN_LIMIT)
-        else:
-            if last:
-                tl.debug_barrier()
-                tl.atomic_xchg(ready_ptr, 1, sem="release")
-            kept = wait_flag(ready_ptr, 1, SPIN_LIMIT)
-        keep = (tl.load(keep_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") != 0) & e_ok
-        keep = tl.where(kept, keep, e_ok)
-        used = tl.zeros([BLOCK_E], tl.int32)
-        for c in range(0, num_rows, ROUTE_T):
-            offs = c + tl.arange(0, ROUTE_T)
-            block_used = route_block(
-                logits_ptr,
-                stride_t,
-                stride_e,
-                first_row + offs,
-                offs < num_rows,
-                n_valid,
-                weights_ptr,
-                bias_ptr,
-                keep,
-                e,
-                e_ok,
-                ids_ptr,
-                ids_stride,
-                out_w_ptr,
-                out_w_stride,
-                route_top_k,
-                topk_group,
-                group_size,
-                num_groups,
-                scale,
-                HAS_WEIGHTS,
-                HAS_BIAS,
-                SIGMOID,
-                RENORMALIZE,
-                TRUNCATION,
-                GROUPED,
-                HAS_SCALE,
-                FILL,
-                BLOCK_E,
-                BLOCK_K,
-                BLOCK_G,
-                GROUP_SIZE,
-                ROUTE_KEY_SHIFT,
-            )
-            used = tl.maximum(used, block_used)
-        if HAS_METRICS:
-            # the experts routed to, counted by the last program to mark its own
-            tl.atomic_max(used_ptr + e, used, mask=e_ok & (used != 0), sem="relaxed")
-            tl.debug_barrier()
-            route_ticket = tl.atomic_add(ticket_ptr + 1, 1, sem="acq_rel")
-            if route_ticket == num_parts - 1:
-                marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-                tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum((marks != 0).to(tl.int64), axis=0))
 
 
 @triton.jit

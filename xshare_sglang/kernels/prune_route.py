@@ -2,9 +2,7 @@
 
 * :func:`prune_route` - keep mask and pruned routing of one MoE layer call (ids and weights in
   SGLang's ``TopKOutput`` layout), in place of SGLang's own top-k: one launch when the call fits
-  one program (small batches); above, on a GPU, one launch whose programs meet at a grid-wide
-  barrier (after a reset of the workspace's counters), and where programs cannot wait on each
-  other (Triton's interpreter) the selection, LYNX's picks and the routing as separate launches;
+  one program (small batches), two otherwise (the selection, then the routing);
 * :func:`select_keep_mask` - the keep mask alone, in one launch.
 
 Same inputs and meaning as the torch references :func:`xshare_sglang.policies.prune_route.prune_route`
@@ -48,12 +46,6 @@ MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most
 TILE_ELEMENTS = 2048  # a tile of rows holds about this many logits
 MAX_TILE_ROWS = 8  # more programs of fewer rows: 20-35% faster calls at T=128, E=128 on an H200
 MAX_PARTS = 64  # programs of the selection (each adds its share into the accumulators with atomics)
-# one launch above one program (the programs wait for the one that finishes the mask) only while the
-# grid is at most this share of the GPU's multiprocessors: a waiting program must never keep another
-# one of the same launch from being scheduled (64 programs on an H100's or H200's 132)
-GRID_BARRIER = True
-RESIDENT_SHARE = 2  # programs at most SMs / RESIDENT_SHARE
-BARRIER_SPIN_LIMIT = 1 << 20  # polls of the barrier flag before a program routes its rows unpruned
 # ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
 MAX_COVERAGE_TOKENS = 1024
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
@@ -139,7 +131,6 @@ class LaunchPlan:
     block_experts: int
     route_rows: int  # rows one routing tile covers
     route_programs: int  # programs of the routing kernel (0 when the selection program routes)
-    fused: bool = False  # P > 1 programs that select and route in one launch (a grid-wide barrier)
 
     @property
     def single(self) -> bool:
@@ -147,9 +138,9 @@ class LaunchPlan:
 
     def kernels(self, policy: str) -> tuple[str, ...]:
         """The kernels one ``prune_route`` call launches, in order: the selection alone for one
-        program or a fused plan; above, the selection, LYNX's per-row picks (lynx only) and the
-        routing, or the routing alone for ``none`` (every expert kept: nothing to select)."""
-        if self.single or (self.fused and policy != "none"):
+        program; above, the selection, LYNX's per-row picks (lynx only) and the routing, or the
+        routing alone for ``none`` (every expert kept: nothing to select)."""
+        if self.single:
             return ("select_kernel",)
         if policy == "none":
             return ("route_kernel",)
@@ -158,9 +149,7 @@ class LaunchPlan:
         return ("select_kernel", "route_kernel")
 
 
-def plan_launch(
-    num_tokens: int, num_experts: int, tokens_per_request: int, per_request: bool, resident_programs: int = 0
-) -> LaunchPlan:
+def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_request: bool) -> LaunchPlan:
     """Split T tokens over at most :data:`MAX_PARTS` programs; requests never straddle programs.
 
     A call runs as one program (one launch: selection and routing) only when it is one tile of rows,
@@ -170,10 +159,6 @@ def plan_launch(
     are no taller than the call (a 16-row tile at T=1 did the work of 16 rows).  Tiles hold at most
     :data:`MAX_TILE_ROWS` rows: at T=128 on an H200, 16 programs of 8 rows beat 8 programs of 16
     (E=128: ``none`` 3.5 against 5.2 us, xshare 11.3 against 14.3).
-
-    With ``resident_programs`` (see :func:`resident_programs`) at least the program count, a call of
-    several programs is one launch too (``fused``): the programs wait for the one that finishes the
-    mask, then route their own rows.
     """
     block_experts = max(16, _next_pow2(num_experts))
     tile_rows = max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // block_experts))
@@ -198,25 +183,7 @@ def plan_launch(
     if not per_request:
         rows_per_request = rows_per_program
     route_programs = 0 if num_parts == 1 else -(-num_tokens // tile_rows)
-    fused = 1 < num_parts <= resident_programs
-    return LaunchPlan(
-        num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile_rows, route_programs, fused
-    )
-
-
-_multiprocessors: dict[torch.device, int] = {}
-
-
-def resident_programs(device: torch.device | str) -> int:
-    """How many programs of one launch may wait on each other on ``device``: 0 where they cannot
-    (the CPU, Triton's interpreter, which runs programs one after another, or ``GRID_BARRIER`` off),
-    else the multiprocessor count over :data:`RESIDENT_SHARE`."""
-    device = canonical_device(device)
-    if not GRID_BARRIER or device.type != "cuda" or _interpreting():
-        return 0
-    if device not in _multiprocessors:
-        _multiprocessors[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _multiprocessors[device] // RESIDENT_SHARE
+    return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile_rows, route_programs)
 
 
 class SelectionWorkspace:
@@ -246,13 +213,13 @@ class SelectionWorkspace:
         self.lynx_digits = torch.zeros(num_experts, BLOCK_BINS, dtype=torch.int64, **kw)
         self.lynx_rank = torch.zeros(num_experts, dtype=torch.int32, **kw)
         # Everything a multi-program call accumulates with atomics, in one buffer, so that one fill
-        # resets it before every such call: the three tickets (selection, routing, LYNX picks), the
-        # flag a fused launch's programs wait on, the routing kernel's expert marks, the LYNX picks, the warm-up and
+        # resets it before every such call: the three tickets (selection, routing, LYNX picks; one
+        # word of padding), the routing kernel's expert marks, the LYNX picks, the warm-up and
         # per-request marks, LYNX bin counts, and the int64 aggregate scores (8-byte aligned: the
         # offset 4 + 20 E words is even).
         n = num_experts
         self.counters = torch.zeros(4 + 22 * n, dtype=torch.int32, **kw)
-        self.tickets = self.counters[:4]
+        self.tickets = self.counters[:3]
         self.used = self.counters[4 : 4 + n]
         self.picked = self.counters[4 + n : 4 + 2 * n]
         self.warm_marks = self.counters[4 + 2 * n : 4 + 3 * n]
@@ -341,8 +308,7 @@ def _launch(
         )
     policy = _policy_args(cfg, call)
     per_request = per_request_policy(cfg)
-    resident = resident_programs(logits.device) if route else 0
-    plan = plan_launch(num_tokens, num_experts, call.tokens_per_request, per_request, resident)
+    plan = plan_launch(num_tokens, num_experts, call.tokens_per_request, per_request)
     num_valid_tokens = call.num_valid_tokens
     nv_tensor = isinstance(num_valid_tokens, torch.Tensor)
     nv_ptr = num_valid_tokens if nv_tensor else ws.tickets
@@ -441,8 +407,6 @@ def _launch(
         ws.lynx_digits,
         ws.lynx_rank,
         ws.tickets,
-        ws.used,
-        ws.picked,
         keep,
         metrics,
         stats_out if has_stats else ws.mass,
@@ -459,8 +423,6 @@ def _launch(
         HAS_STATS=has_stats,
         SINGLE=plan.single,
         ROUTE=route,
-        FUSED=plan.fused,
-        SPIN_LIMIT=BARRIER_SPIN_LIMIT,
         BLOCK_BINS=BLOCK_BINS,
         CHUNK=max(1, min(32, 4096 // block_e)),  # experts per step of LYNX's digit comparison
         SEARCH_STEPS=block_e.bit_length() + 1,
@@ -470,8 +432,6 @@ def _launch(
         ROUTE_KEY_SHIFT=route_key_shift,
         **common,
     )
-    if plan.fused:
-        return
     if lynx and not plan.single:
         jit.lynx_pick_kernel[(plan.route_programs,)](
             *rows,

@@ -69,7 +69,8 @@ def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize(
     ("num_tokens", "num_experts", "dtype"),
-    [(128, 128, torch.bfloat16), (64, 160, torch.float32), (512, 256, torch.float16)],
+    # several programs at every shape (T=32, E=128: four programs of 8 rows)
+    [(32, 128, torch.bfloat16), (128, 128, torch.bfloat16), (64, 160, torch.float32), (512, 256, torch.float16)],
 )
 def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_path) -> None:
     cfg = _config(policy, tmp_path, num_experts)

@@ -228,3 +228,26 @@ def test_launch_pruner_reads_the_command_as_the_server_did() -> None:
     assert launch_pruner(base + f"{FLAG_PREFIX} none").active == ()
     assert launch_pruner(None) == launch_pruner(base)
     assert "do not parse" in launch_pruner(base + f"{FLAG_PREFIX} xshare2").unknown
+
+
+def test_greedy_rankings_without_the_guard_are_warned_about(tmp_path) -> None:
+    """moe-spec's coverage and co-activation rankings select with a serial greedy (measured at 16 µs to
+    3 ms per layer call on an H200): a config that uses one, in any phase, with the guard off gets a
+    warning that names the ranking, its cost and the guard flag; the guard on, or another ranking,
+    gets none."""
+    from xshare_sglang import PrunerConfig
+    from xshare_sglang.sglang_plugin.settings import PluginSettings
+
+    coverage = {"policy": "moe-spec", "max_experts": 8, "ranking": "coverage"}
+    xshare = PrunerConfig(policy="xshare", k0=1, budget=8)
+    verify_only = PluginSettings(pruner=xshare, phase_overrides={"verify": coverage})
+    message = verify_only.selection_cost_warning()
+    assert message is not None
+    assert "ranking=coverage costs 24 µs" in message and "2957 at 512" in message
+    assert "--moe-pruner-guard auto" in message and "coactivation" not in message
+    assert PluginSettings(pruner=PrunerConfig(**coverage)).selection_cost_warning() is not None
+    assert PluginSettings(pruner=xshare).selection_cost_warning() is None
+    router = PrunerConfig(policy="moe-spec", max_experts=8)
+    assert PluginSettings(pruner=router).selection_cost_warning() is None
+    guarded = PluginSettings(pruner=PrunerConfig(**coverage), guard="auto")
+    assert guarded.selection_cost_warning() is None

@@ -68,11 +68,15 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   (two rows per warp at E=128), so per-row reductions stay within a warp: shuffles, no barriers.
 
 What is still serial: above one tile a call is three launches (the counter reset, the selection,
-the routing) joined by a ticket; on an H200 that alone costs 3-4 us over ``none``, whatever the
-policy (static moe-spec, which selects nothing per row, measures it).  One launch would need every
-program to wait for the last one, a grid-wide barrier: CUDA guarantees it only for co-resident
-programs (a cooperative launch), and Triton's interpreter, which CI tests these kernels with, runs
-programs one after another, so a waiting program would never see the others.
+the routing) joined by a ticket; on an H200 each kernel in a CUDA graph costs about 1 us before it
+does any work, so this structure alone adds about 3 us over ``none`` whatever the policy (static
+moe-spec, which selects nothing per row, measures it).  Two ways around it were built and timed on
+an H200 (``docs/bench_selection.md``), and neither paid: one launch whose programs wait at a
+grid-wide barrier for the program that finishes the mask (its handoff cost what the kernel boundary
+did, and it needs every program resident, which Triton's interpreter cannot give), and one program
+of up to 32 rows on more warps (up to 1.8x slower: the set rule's reductions across warps grow with
+the warps).  On one tile the [E, E] order is 1.6 us at E=128 and 4.3 at E=256, the routing pass
+1.8-5 us, the scores and bookkeeping about 3-7 us.
 
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
 aggregates and thresholds, and every division that feeds a mask or a metric correctly rounded with

@@ -64,6 +64,9 @@ def register() -> None:
         logger.error("moe-pruner: could not hook %s; refusing to run unpruned", ", ".join(missing))
         raise SystemExit(2)
     logger.info("moe-pruner: routing hooks in place (%s)", settings.summary())
+    cost = settings.selection_cost_warning()
+    if cost is not None:
+        logger.warning("moe-pruner: %s", cost)
 
 
 __all__ = ["ENV_VAR", "PluginSettings", "register", "settings_from_env"]

@@ -40,6 +40,12 @@ DEFAULT_TRACE_MAX_MB = 512
 GUARDS = ("off", "auto")
 DEFAULT_GUARD_MARGIN = DEFAULT_MARGIN
 DEFAULT_GUARD_SECONDS = 30.0
+# What the greedy moe-spec rankings cost per layer call, as measured (H200, Qwen3-30B-A3B router,
+# commit 67f1999, docs/bench_selection.md): the other policies add 1-14 µs
+GREEDY_COSTS = {
+    "coverage": "24 µs per MoE layer call at 1 token, 210 at 32 and 2957 at 512 (it grows with the batch)",
+    "coactivation": "17-23 µs per MoE layer call at 1-512 tokens",
+}
 PLUGIN_FIELDS = (
     "log_interval",
     "trace_dir",
@@ -219,6 +225,22 @@ class PluginSettings:
         This is the ``policy=`` field of the plugin's proof-of-life log line, which the A/B tool checks.
         """
         return ",".join(sorted({cfg.policy for cfg in self._phase_configs.values()} - {"none"})) or "none"
+
+    def selection_cost_warning(self) -> str | None:
+        """A warning for logs when a config selects with one of the greedy rankings, whose per-call cost
+        is far above the other policies' (and, for coverage, grows with the batch), while the start-up
+        guard that would turn pruning off where it is slower is off; None otherwise."""
+        if self.guard != "off":
+            return None
+        configs = [self.pruner, *self._phase_configs.values()]
+        rankings = sorted({c.ranking for c in configs if c.policy == "moe-spec" and c.ranking in GREEDY_COSTS})
+        if not rankings:
+            return None
+        costs = "; ".join(f"ranking={r} costs {GREEDY_COSTS[r]}" for r in rankings)
+        return (
+            f"{costs} on an H200, where the other policies add 1-14 µs (docs/bench_selection.md); pass "
+            "--moe-pruner-guard auto to have the start-up guard turn pruning off where it is slower"
+        )
 
     def summary(self) -> str:
         """The base config, then each phase whose config differs from it, for logs."""

@@ -464,8 +464,11 @@ def main() -> int:
     args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
     bench_args = args
     rows: list[dict] = []
-    for name in names:
+    for index, name in enumerate(names):
         model = models[name]
+        # each router gets an equal slice of --max-minutes (and whatever an earlier one left): a cut
+        # run then has every router at its smaller T rather than the last router at none
+        model_deadline = t0 + 60 * args.max_minutes * (index + 1) / len(names)
         try:
             bench = ModelBench(model.shape, bench_args, backends, device, dtype)
         except Exception as exc:
@@ -476,7 +479,7 @@ def main() -> int:
         configs = policy_configs(model.shape.num_experts, model.router.top_k, Path(rankings.name))
         wanted = list(configs) if args.policies == "all" else args.policies.split(",")
         for num_tokens in tokens:
-            if time.monotonic() > t0 + 60 * args.max_minutes:
+            if time.monotonic() > model_deadline:
                 meta["skipped"].append(f"{name} T={num_tokens}")
                 continue
             for phase in ("decode", "verify"):

@@ -222,8 +222,13 @@ REGISTER = """
 
 @pytest.mark.parametrize(
     ("env_value", "routing"),
-    [(None, False), ('{"policy": "none"}', False), ('{"policy": "xshare", "budget": 4}', True)],
-    ids=["unset", "none", "xshare"],
+    [
+        (None, False),
+        ('{"policy": "none"}', False),
+        ('{"policy": "xshare", "budget": 4}', True),
+        ('{"policy": "moe-spec", "max_experts": 8, "ranking": "coverage"}', True),
+    ],
+    ids=["unset", "none", "xshare", "coverage"],
 )
 def test_register_applies_routing_hooks_only_when_asked(env_value, routing) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: F401  (SGLang installed)
@@ -246,6 +251,11 @@ def test_register_applies_routing_hooks_only_when_asked(env_value, routing) -> N
     assert all_routing if routing else none_routing
     if routing:
         assert "routing hooks in place" in result.stderr
+    # the greedy coverage ranking, without the start-up guard, is warned about at launch (its measured
+    # cost and the guard flag); the other configs are not
+    coverage = env_value is not None and "coverage" in env_value
+    assert ("ranking=coverage costs 24 µs" in result.stderr) == coverage, result.stderr[-2000:]
+    assert ("--moe-pruner-guard auto" in result.stderr) == coverage
 
 
 def test_register_refuses_a_bad_environment_config() -> None:

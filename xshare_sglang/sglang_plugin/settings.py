@@ -41,7 +41,7 @@ GUARDS = ("off", "auto")
 DEFAULT_GUARD_MARGIN = DEFAULT_MARGIN
 DEFAULT_GUARD_SECONDS = 30.0
 # What the greedy moe-spec rankings cost per layer call, as measured (H200, Qwen3-30B-A3B router,
-# commit 67f1999, docs/bench_selection.md): the other policies add 1-14 µs
+# commit 67f1999, docs/bench_selection.md): the other policies add 0.2-15 µs
 GREEDY_COSTS = {
     "coverage": "24 µs per MoE layer call at 1 token, 210 at 32 and 2957 at 512 (it grows with the batch)",
     "coactivation": "17-23 µs per MoE layer call at 1-512 tokens",
@@ -238,7 +238,7 @@ class PluginSettings:
             return None
         costs = "; ".join(f"ranking={r} costs {GREEDY_COSTS[r]}" for r in rankings)
         return (
-            f"{costs} on an H200, where the other policies add 1-14 µs (docs/bench_selection.md); pass "
+            f"{costs} on an H200, where the other policies add 0.2-15 µs (docs/bench_selection.md); pass "
             "--moe-pruner-guard auto to have the start-up guard turn pruning off where it is slower"
         )
 

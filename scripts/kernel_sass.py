@@ -11,7 +11,7 @@ loops one program runs, from the launch arguments:
 * ``parts``: programs whose shares the last program reads (added with atomics into one accumulator:
   one load, no loop);
 * ``rule``: rounds of the set rule in the last program (greedy picks, LYNX digit compares and pick
-  tiles, coverage passes; the order of the experts is one loop-free step);
+  tiles, coverage picks and the row tiles each reads; the order of the experts is one loop-free step);
 * ``route``: routing tiles the single program runs after the selection (one-launch calls), each of
   ``top_k`` argmax rounds.
 
@@ -59,10 +59,21 @@ def policies(num_experts: int) -> dict[str, tuple[PrunerConfig, int]]:
         "xshare-threshold": (PrunerConfig(policy="xshare-threshold", k0=1, tau=0.9), 1),
         "xshare-ep": (PrunerConfig(policy="xshare-ep", k0=1, rank_budget=4 * scale), 1),
         "moe-spec": (PrunerConfig(policy="moe-spec", max_experts=32 * scale), 1),
+        "moe-spec-coverage": (PrunerConfig(policy="moe-spec", max_experts=32 * scale, ranking="coverage"), 1),
         "lynx": (PrunerConfig(policy="lynx", alpha=2.0, beta=4), 1),
         "xshare-spec": (PrunerConfig(policy="xshare-spec", k0=1, request_budget=2 * scale, budget=0), 4),
         "moe-spec-request": (PrunerConfig(policy="moe-spec", max_experts=8, scope="request"), 4),
     }
+
+
+def coverage_trips(named: dict, num_tokens: int, top_k: int) -> str:
+    """The coverage greedy's picks and the row tiles each one reads: the register tile once for the
+    call, or the tiles of the picked expert's row list (top-k scores: about T * k / E rows each)."""
+    picks = min(named["count"], named["num_experts"])
+    if not named["COVER_LISTS"]:
+        return f"{picks} picks, rows read once"
+    listed = num_tokens * top_k / named["num_experts"] if named["SCORE_TOPK"] else num_tokens
+    return f"{picks} picks x ~{math.ceil(listed / named['COVER_T'])} list tiles"
 
 
 def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: int) -> dict[str, str]:
@@ -87,7 +98,7 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
         jit.MODE_RANK_ROUNDS.value: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps",
         jit.MODE_TOP_AGG.value: pairwise,
         jit.MODE_COACT.value: f"{named['count']} greedy picks",
-        jit.MODE_COVERAGE.value: f"{named['count']} picks x {-(-num_tokens // chunk)} row tiles",
+        jit.MODE_COVERAGE.value: coverage_trips(named, num_tokens, top_k),
     }
     rule = rules.get(mode, "-")
     if named["LYNX"]:

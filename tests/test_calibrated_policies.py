@@ -246,6 +246,35 @@ def test_kernel_matches_reference(tmp_path, variant: str, num_tokens: int, num_e
         torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
 
 
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(
+    ("num_tokens", "num_experts", "budget", "top_k", "score", "style"),
+    [
+        (17, 128, 8, 8, None, "integers"),  # just above one register tile: the per-expert row lists
+        (33, 60, 60, 4, None, "repeated_rows"),  # the budget keeps every expert
+        (48, 64, 12, 2, None, "few_finite"),  # short lists, rows that score nothing
+        (200, 256, 40, 8, "probs", "normal"),  # dense scores: every row on nearly every list
+        (1024, 128, 32, 8, None, "normal"),  # the lists' capacity
+    ],
+)
+def test_coverage_row_lists_match_reference(num_tokens, num_experts, budget, top_k, score, style) -> None:
+    """Above one tile the coverage greedy keeps its gains up to date from per-expert row lists
+    instead of recounting every row per pick: the picks equal the reference's full recount."""
+    cfg = PrunerConfig(policy="moe-spec", max_experts=budget, ranking="coverage", score=score)
+    router = RouterSpec(top_k, renormalize=True)
+    for layer in range(2):
+        logits = make_logits(num_tokens, num_experts, style, num_tokens + layer)
+        fields = dict(layer_id=layer, num_valid_tokens=num_tokens - 5 if layer else None)
+        if layer:
+            fields["token_weights"] = torch.rand(num_tokens, generator=torch.Generator().manual_seed(layer))
+        want = prune_route_reference(routing_call(logits, router, **fields), cfg)
+        got = prune_route(routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg)
+        label = f"T={num_tokens} E={num_experts} budget={budget} layer={layer}"
+        assert int(want.keep.sum()) == budget, label  # every pick taken
+        assert got.keep.cpu().tolist() == want.keep.tolist(), label
+        assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+
+
 # ------------------------------------------------------------------------------ files and config errors
 
 

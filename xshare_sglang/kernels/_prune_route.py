@@ -49,6 +49,13 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   < 2**61`` (beta <= 4 up to ~5000 tokens) ``s`` is one int64 per expert: one weighted sum over the
   bins and one [E, E] comparison.  Exact: the integer is ``s * n**beta`` itself, below 2**63.  The
   digits remain for larger ``n`` and ``beta``.
+* The coverage ranking's greedy re-read every row's scores once per pick (``count`` picks x T rows,
+  linear in T).  Above one tile each voting row now joins, with one atomic per nonzero score, the
+  list of every expert it scores (top_k lists per row with top-k scores); the gains start at the
+  aggregate and after each pick only the picked expert's rows are revisited, their terms taken out
+  at the old coverage and put back at the new one (``coverage_loss``): about T x top_k / E rows per
+  pick.  Up to one tile the rows are read into registers once.  Exact: the same integer terms the
+  full recount sums, in any order; the tie-break is one packed key ``agg << 10 | (1023 - e)``.
 * Grouped routing (DeepSeek-V3) ranked the groups in a loop over groups, three row reductions each,
   and marked the chosen groups in a second loop.  When the groups split a power-of-two E evenly it
   views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.
@@ -338,6 +345,35 @@ def greedy_iterative(base, agg, e, e_ok, count, active, ALLOW_ZERO: tl.constexpr
         chosen = tl.where(hit, 1, chosen)
         candidate = candidate & (e != first)
     return chosen
+
+
+@triton.jit
+def coverage_pick(gain, agg, chosen, e, e_ok):
+    """The coverage greedy's next expert: the largest gain outside ``chosen``, ties to the larger
+    aggregate, then the lower index.  Two reductions: the tie-break is one int64 key
+    ``agg << 10 | (1023 - e)`` (coverage aggregates stay below 2**34: at most 1024 rows of at most
+    2**24 each; ids below 1024)."""
+    key = tl.where(e_ok & (chosen == 0), gain, -1)
+    tied = key == tl.max(key, axis=0)
+    order = (agg << 10) | (1023 - e).to(tl.int64)
+    return 1023 - (tl.max(tl.where(tied, order, -1), axis=0) & 1023).to(tl.int32)
+
+
+@triton.jit
+def coverage_loss(q, chosen, e, pick):
+    """What keeping ``pick`` takes from every expert's coverage gain, summed over the rows of ``q``.
+
+    ``q`` [rows, E] int64 holds the rows' fixed-point scores (zero rows add nothing).  A row is covered
+    to ``m = sum of q over chosen``; the pick raises it to ``m + q[:, pick]``; each expert's term
+    ``(q * max(ONE - m, 0)) >> 24`` drops to its value at the new coverage.  Exact: the same integer
+    terms the full recount sums, taken out and put back one by one.
+    """
+    covered = tl.sum(tl.where(chosen[None, :] != 0, q, 0), axis=1)
+    picked = tl.sum(tl.where(e[None, :] == pick, q, 0), axis=1)
+    left = tl.where(covered < SCORE_ONE_INT, SCORE_ONE_INT - covered, 0)
+    after = covered + picked
+    left_after = tl.where(after < SCORE_ONE_INT, SCORE_ONE_INT - after, 0)
+    return tl.sum(((q * left[:, None]) >> SCORE_BITS) - ((q * left_after[:, None]) >> SCORE_BITS), axis=0)
 
 
 @triton.jit
@@ -770,6 +806,9 @@ def select_kernel(
     group_ptr,
     # workspace
     row_scores_ptr,
+    cover_rows_ptr,
+    cover_count_ptr,
+    cover_capacity,
     agg_acc_ptr,
     warm_acc_ptr,
     base_acc_ptr,
@@ -821,6 +860,8 @@ def select_kernel(
     CHUNK_T: tl.constexpr,
     CHUNK: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    COVER_T: tl.constexpr,
+    COVER_LISTS: tl.constexpr,
     ROUTE_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ROUTE_KEY_SHIFT: tl.constexpr,
@@ -880,6 +921,18 @@ def select_kernel(
                             tl.where(row_ok[:, None], q, 0).to(tl.int32),
                             mask=in_block[:, None] & e_ok[None, :],
                         )
+                        if COVER_LISTS:
+                            # each voting row joins the list of every expert it scores: a pick then
+                            # revisits only the rows whose coverage it changes
+                            listed = (in_block & row_ok)[:, None] & e_ok[None, :] & (q != 0)
+                            slot = tl.atomic_add(
+                                cover_count_ptr + (e[None, :] + 0 * rows[:, None]), 1, mask=listed, sem="relaxed"
+                            )
+                            tl.store(
+                                cover_rows_ptr + e[None, :] * cover_capacity + slot,
+                                rows[:, None] + 0 * e[None, :],
+                                mask=listed,
+                            )
             agg += agg_r
             warm = tl.maximum(warm, warm_r)
             if PER_REQUEST:
@@ -984,24 +1037,46 @@ def select_kernel(
             # sum_t (q[t, j] * max(ONE - covered_t, 0)) >> 24; ties to the larger agg, then the lower id
             tl.debug_barrier()
             chosen = tl.zeros([BLOCK_E], tl.int32)
-            for _ in range(0, count):
-                gain = tl.zeros([BLOCK_E], tl.int64)
-                for r0 in range(0, num_tokens, CHUNK_T):
-                    offs = r0 + tl.arange(0, CHUNK_T)
-                    q = tl.load(
-                        row_scores_ptr + offs[:, None] * num_experts + e[None, :],
-                        mask=(offs < num_tokens)[:, None] & e_ok[None, :],
-                        other=0,
-                        cache_modifier=".cg",
-                    ).to(tl.int64)
+            picks = tl.minimum(count, num_experts)
+            if COVER_LISTS:
+                # the gains are kept up to date: before any pick every row is uncovered and a gain is
+                # the aggregate; a pick changes only the rows on its list, so only their terms are
+                # taken out at the old coverage and put back at the new one
+                listed = tl.load(cover_count_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
+                gain = agg
+                for _ in range(0, picks):
+                    first = coverage_pick(gain, agg, chosen, e, e_ok)
+                    num_listed = tl.sum(tl.where(e == first, listed, 0), axis=0)
+                    for c in range(0, num_listed, COVER_T):
+                        slot = c + tl.arange(0, COVER_T)
+                        slot_ok = slot < num_listed
+                        rows = tl.load(
+                            cover_rows_ptr + first * cover_capacity + slot, mask=slot_ok, other=0, cache_modifier=".cg"
+                        )
+                        q = tl.load(
+                            row_scores_ptr + rows[:, None] * num_experts + e[None, :],
+                            mask=slot_ok[:, None] & e_ok[None, :],
+                            other=0,
+                            cache_modifier=".cg",
+                        ).to(tl.int64)
+                        gain -= coverage_loss(q, chosen, e, first)
+                    chosen = tl.where(e == first, 1, chosen)
+            else:
+                # every row in one register tile, read once; each step recomputes the gains from it
+                t = tl.arange(0, COVER_T)
+                q_rows = tl.load(
+                    row_scores_ptr + t[:, None] * num_experts + e[None, :],
+                    mask=(t < num_tokens)[:, None] & e_ok[None, :],
+                    other=0,
+                    cache_modifier=".cg",
+                )
+                for _ in range(0, picks):
+                    q = q_rows.to(tl.int64)
                     covered = tl.sum(tl.where(chosen[None, :] != 0, q, 0), axis=1)
                     left = tl.where(covered < SCORE_ONE_INT, SCORE_ONE_INT - covered, 0)
-                    gain += tl.sum((q * left[:, None]) >> SCORE_BITS, axis=0)
-                key = tl.where(e_ok & (chosen == 0), gain, -1)
-                tied = key == tl.max(key, axis=0)
-                best_agg = tl.max(tl.where(tied, agg, -1), axis=0)
-                first = tl.min(tl.where(tied & (agg == best_agg), e, BLOCK_E), axis=0)
-                chosen = tl.where(e == first, 1, chosen)
+                    gain = tl.sum((q * left[:, None]) >> SCORE_BITS, axis=0)
+                    first = coverage_pick(gain, agg, chosen, e, e_ok)
+                    chosen = tl.where(e == first, 1, chosen)
             keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_COACT:
             # greedy: each step keeps the largest agg * (1 - redundancy with the kept set), first id on ties

@@ -191,7 +191,8 @@ class SelectionWorkspace:
 
     Allocate it before CUDA-graph capture and pass it to every call.  One workspace may serve every
     layer of one stream (calls issued on one stream run one after the other), never two streams at
-    once: :func:`default_workspace` keeps one per stream.  About ``E * 4.5 KiB``.
+    once: :func:`default_workspace` keeps one per stream.  About ``E * 8.5 KiB``, most of it the
+    coverage ranking's row scores and row lists.
 
     Parameters
     ----------
@@ -215,18 +216,21 @@ class SelectionWorkspace:
         # Everything a multi-program call accumulates with atomics, in one buffer, so that one fill
         # resets it before every such call: the three tickets (selection, routing, LYNX picks; one
         # word of padding), the routing kernel's expert marks, the LYNX picks, the warm-up and
-        # per-request marks, LYNX bin counts, and the int64 aggregate scores (8-byte aligned: the
-        # offset 4 + 20 E words is even).
+        # per-request marks, LYNX bin counts, the int64 aggregate scores (8-byte aligned: the
+        # offset 4 + 20 E words is even), and the lengths of the coverage ranking's row lists.
         n = num_experts
-        self.counters = torch.zeros(4 + 22 * n, dtype=torch.int32, **kw)
+        self.counters = torch.zeros(4 + 23 * n, dtype=torch.int32, **kw)
         self.tickets = self.counters[:3]
         self.used = self.counters[4 : 4 + n]
         self.picked = self.counters[4 + n : 4 + 2 * n]
         self.warm_marks = self.counters[4 + 2 * n : 4 + 3 * n]
         self.base_marks = self.counters[4 + 3 * n : 4 + 4 * n]
         self.lynx_counts = self.counters[4 + 4 * n : 4 + 20 * n].view(n, BLOCK_BINS)
-        self.aggregate = self.counters[4 + 20 * n :].view(torch.int64)
-        self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)  # coverage
+        self.aggregate = self.counters[4 + 20 * n : 4 + 22 * n].view(torch.int64)
+        self.cover_counts = self.counters[4 + 22 * n :]
+        # ranking=coverage: every row's scores, and for each expert the rows that score it
+        self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)
+        self.cover_rows = torch.zeros(num_experts, MAX_COVERAGE_TOKENS, dtype=torch.int32, **kw)
 
 
 _workspaces: dict[tuple[torch.device, int, int], SelectionWorkspace] = {}
@@ -370,6 +374,11 @@ def _launch(
     lynx = cfg.policy == "lynx"
     # policy none above one program: the routing kernel alone, keeping every expert
     route_only = route and cfg.policy == "none" and not plan.single
+    # the coverage greedy holds every row in registers up to one tile, above it keeps per-expert row
+    # lists (built with atomics into counters the fill below zeroes: never in a single program)
+    cover_rows = min(_next_pow2(max(num_tokens, 1)), max(TILE_ELEMENTS // block_e, plan.chunk_rows))
+    cover_lists = policy["mode"] == "MODE_COVERAGE" and num_tokens > cover_rows
+    assert not (cover_lists and plan.single), "coverage row lists need the multi-program fill"
     if not plan.single and (has_metrics or not route_only):
         # tickets, accumulators and expert marks start every multi-program call at 0, whatever an
         # earlier call left
@@ -400,6 +409,9 @@ def _launch(
         policy["redundancy"] if policy["redundancy"] is not None else ws.used,
         call.expert_to_rank if call.expert_to_rank is not None else ws.flag,
         ws.row_scores,
+        ws.cover_rows,
+        ws.cover_counts,
+        MAX_COVERAGE_TOKENS,
         ws.aggregate,
         ws.warm_marks,
         ws.base_marks,
@@ -426,6 +438,8 @@ def _launch(
         BLOCK_BINS=BLOCK_BINS,
         CHUNK=max(1, min(32, 4096 // block_e)),  # experts per step of LYNX's digit comparison
         SEARCH_STEPS=block_e.bit_length() + 1,
+        COVER_T=cover_rows,
+        COVER_LISTS=cover_lists,
         CHUNK_T=plan.chunk_rows,
         ROUTE_T=plan.route_rows,
         KEY_SHIFT=key_shift,

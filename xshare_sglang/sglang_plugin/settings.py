@@ -41,7 +41,8 @@ GUARDS = ("off", "auto")
 DEFAULT_GUARD_MARGIN = DEFAULT_MARGIN
 DEFAULT_GUARD_SECONDS = 30.0
 # What the greedy moe-spec rankings cost per layer call, as measured (H200, Qwen3-30B-A3B router,
-# commit 67f1999, docs/bench_selection.md): the other policies add 0.2-15 µs
+# commit 67f1999, docs/bench_selection.md): the other policies add 0.2-15 µs.  b87aff9 cut coverage's
+# per-pick work from T rows to about T * top_k / E; until a GPU times it the warning quotes 67f1999
 GREEDY_COSTS = {
     "coverage": "24 µs per MoE layer call at 1 token, 210 at 32 and 2957 at 512 (it grows with the batch)",
     "coactivation": "17-23 µs per MoE layer call at 1-512 tokens",

@@ -23,7 +23,17 @@ WEIGHT_TOLERANCE = dict(atol=2e-6, rtol=2e-5)
 
 pytestmark = pytest.mark.gpu
 
-POLICIES = ["oea", "xshare", "xshare-threshold", "xshare-spec", "xshare-ep", "moe-spec", "moe-spec-static", "lynx"]
+POLICIES = [
+    "oea",
+    "xshare",
+    "xshare-threshold",
+    "xshare-spec",
+    "xshare-ep",
+    "moe-spec",
+    "moe-spec-static",
+    "moe-spec-coverage",  # above one tile: per-expert row lists filled with atomics
+    "lynx",
+]
 
 
 def _warm_up(step, repeats: int = 3) -> None:
@@ -63,6 +73,8 @@ def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
         return PrunerConfig(policy="moe-spec", max_experts=24, ranking="static", static_ranking_path=str(path))
     if policy == "moe-spec":
         return PrunerConfig(policy=policy, max_experts=24)
+    if policy == "moe-spec-coverage":
+        return PrunerConfig(policy="moe-spec", max_experts=24, ranking="coverage")
     return PrunerConfig(policy=policy, k0=1, budget=8, request_budget=2, rank_budget=3, max_experts=40)
 
 

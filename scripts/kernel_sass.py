@@ -13,7 +13,10 @@ loops one program runs, from the launch arguments:
 * ``rule``: rounds of the set rule in the last program (greedy picks, LYNX digit compares and pick
   tiles, coverage picks and the row tiles each reads; the order of the experts is one loop-free step);
 * ``route``: routing tiles the single program runs after the selection (one-launch calls), each of
-  ``top_k`` argmax rounds.
+  ``top_k`` argmax rounds;
+* with ``--loops``, ``loop bodies``: for each loop of the kernel, what one trip issues
+  (``instructions/BAR/SHFL/global loads``, inner loops counted once), so a serial chain is the body
+  of its loop times the trips above.
 
 Static counts times trip counts is the proxy for the serial chain of one call; the GPU timing
 (``scripts/bench_selection.py``) decides.  Run from the repository root, no GPU needed::
@@ -30,6 +33,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,8 +43,11 @@ import torch
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.common import git_sha
-from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, sass_stats
+from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, kernel_sass, loop_bodies, sass_stats
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_selection  # its synthetic co-activation file
 
 ROUTERS = {
     "qwen3-30b-a3b": (128, RouterSpec(8, "softmax", True)),
@@ -49,9 +56,11 @@ ROUTERS = {
 }
 
 
-def policies(num_experts: int) -> dict[str, tuple[PrunerConfig, int]]:
-    """bench_selection.py's settings (budgets scale with E/128): name -> (config, D)."""
+def policies(num_experts: int, ranking_dir: Path) -> dict[str, tuple[PrunerConfig, int]]:
+    """bench_selection.py's settings (budgets scale with E/128): name -> (config, D).  The co-activation
+    ranking reads bench_selection.py's synthetic calibration file, written into ``ranking_dir``."""
     scale = num_experts // 128
+    coactivation = bench_selection.policy_configs(num_experts, 8, ranking_dir)["moe-spec-coact"][0]
     return {
         "none": (PrunerConfig(), 1),
         "oea": (PrunerConfig(policy="oea", k0=1), 1),
@@ -60,6 +69,7 @@ def policies(num_experts: int) -> dict[str, tuple[PrunerConfig, int]]:
         "xshare-ep": (PrunerConfig(policy="xshare-ep", k0=1, rank_budget=4 * scale), 1),
         "moe-spec": (PrunerConfig(policy="moe-spec", max_experts=32 * scale), 1),
         "moe-spec-coverage": (PrunerConfig(policy="moe-spec", max_experts=32 * scale, ranking="coverage"), 1),
+        "moe-spec-coact": (coactivation, 1),
         "lynx": (PrunerConfig(policy="lynx", alpha=2.0, beta=4), 1),
         "xshare-spec": (PrunerConfig(policy="xshare-spec", k0=1, request_budget=2 * scale, budget=0), 4),
         "moe-spec-request": (PrunerConfig(policy="moe-spec", max_experts=8, scope="request"), 4),
@@ -127,19 +137,25 @@ def main() -> int:
     parser.add_argument("--tokens", default="1,32,512", help="token counts T")
     parser.add_argument("--policies", default="all", help="comma-separated subset, or all")
     parser.add_argument("--out", default=None, help="also write the Markdown table here")
+    parser.add_argument(
+        "--loops",
+        action="store_true",
+        help="add a column: each loop body's instructions/BAR/SHFL/global loads (one trip, in branch order)",
+    )
     args = parser.parse_args()
     jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",
         "| router | T | policy | kernel | grid | SASS | SHFL | BAR | CALL | loops | regs | spill | tiles x ranks "
-        "| parts | rule | route |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
+        "| parts | rule | route |" + (" loop bodies |" if args.loops else ""),
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|" + ("---|" if args.loops else ""),
     ]
+    rankings = tempfile.TemporaryDirectory(prefix="xshare-sass-rankings-")
     for model in args.models.split(","):
         num_experts, router = ROUTERS[model]
         for num_tokens in (int(t) for t in args.tokens.split(",")):
-            for name, (cfg, tokens_per_request) in policies(num_experts).items():
+            for name, (cfg, tokens_per_request) in policies(num_experts, Path(rankings.name)).items():
                 if args.policies != "all" and name not in args.policies.split(","):
                     continue
                 gen = torch.Generator().manual_seed(num_tokens)
@@ -155,7 +171,9 @@ def main() -> int:
                 launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64))
                 for kernel, (grid, kernel_args, kwargs) in launches.items():
                     named = dict(zip(getattr(jit, kernel).arg_names, kernel_args, strict=False)) | kwargs
-                    stats = sass_stats(compile_launch(kernel, kernel_args, kwargs))
+                    compiled = compile_launch(kernel, kernel_args, kwargs)
+                    stats = sass_stats(compiled)
+                    loops = " ".join(str(body) for body in loop_bodies(kernel_sass(compiled))) if args.loops else None
                     trips = trip_counts(kernel, grid, named, num_tokens, router.top_k)
                     lines.append(
                         f"| {model} | {num_tokens} | {name} | {kernel.removesuffix('_kernel')} | {grid[0]} | "
@@ -163,6 +181,7 @@ def main() -> int:
                         f"{stats.backward_branches} | {stats.registers} | {stats.local_memory} | "
                         f"{trips['tiles']} x {trips['ranks']} | "
                         f"{trips['parts']} | {trips['rule']} | {trips['route']} |"
+                        + (f" {loops} |" if args.loops else "")
                     )
                     print(lines[-1], flush=True)
     if args.out:

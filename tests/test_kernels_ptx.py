@@ -23,7 +23,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ["none", "oea", "xshare", "xshare-threshold", "xshare-spec", "xshare-ep", "moe-spec", "lynx"]
+POLICIES = [
+    "none",
+    "oea",
+    "xshare",
+    "xshare-threshold",
+    "xshare-spec",
+    "xshare-ep",
+    "moe-spec",
+    "moe-spec-coverage",
+    "lynx",
+]
 
 
 def _compile(cases: list[dict]) -> list[dict]:
@@ -70,3 +80,29 @@ def test_every_configuration_family_compiles_for_sm90() -> None:
     results = _compile(cases)
     failed = [(case, result["error"]) for case, result in zip(cases, results, strict=True) if "error" in result]
     assert not failed, f"{len(failed)} of {len(cases)} configurations do not compile: {failed[:5]}"
+
+
+def test_loop_bodies_count_one_trip_of_each_loop() -> None:
+    """``kernel_sass.py --loops`` reads each loop off the SASS: the instructions from a backward
+    branch's target to the branch, an inner loop counted once inside its outer loop, NOPs and
+    forward branches left out."""
+    from xshare_sglang.bench.kernel_compile import LoopBody, loop_bodies
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0020*/                   SHFL.BFLY PT, R3, R2, 0x1, 0x1f ;
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0040*/                   LDG.E R5, desc[UR4][R4.64] ;
+        /*0050*/              @P0  BRA 0x40 ;
+        /*0060*/                   NOP ;
+        /*0070*/              @!P1 BRA 0x20 ;
+        /*0080*/                   BRA 0xa0 ;
+        /*0090*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*00a0*/                   EXIT ;
+    """
+    assert loop_bodies(sass) == [
+        LoopBody(instructions=2, barriers=0, shuffles=0, global_loads=1),
+        LoopBody(instructions=5, barriers=1, shuffles=1, global_loads=1),
+    ]
+    assert str(loop_bodies(sass)[1]) == "5/1/1/1"

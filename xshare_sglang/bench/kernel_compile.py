@@ -111,6 +111,49 @@ def _cuobjdump(cubin: bytes, *flags: str) -> str:
         )
 
 
+@dataclass(frozen=True)
+class LoopBody:
+    """Static counts over one loop's body: the instructions from a backward branch's target to the
+    branch, inner loops included (what one trip of the loop issues, each inner loop counted once)."""
+
+    instructions: int
+    barriers: int
+    shuffles: int
+    global_loads: int
+
+    def __str__(self) -> str:
+        return f"{self.instructions}/{self.barriers}/{self.shuffles}/{self.global_loads}"
+
+
+def loop_bodies(sass: str) -> list[LoopBody]:
+    """Every loop of a kernel's SASS text (``cuobjdump -sass``), in the order of their branches."""
+    listing = [
+        (int(m.group(1), 16), m.group(3).split(".")[0], m.group(4))
+        for m in _INSTRUCTION.finditer(sass)
+        if not m.group(3).startswith("NOP")
+    ]
+    bodies = []
+    for address, base, operands in listing:
+        target = re.search(r"0x([0-9a-f]+)", operands) if base == "BRA" else None
+        if target is None or int(target.group(1), 16) >= address:
+            continue
+        body = [op for at, op, _ in listing if int(target.group(1), 16) <= at <= address]
+        bodies.append(
+            LoopBody(
+                instructions=len(body),
+                barriers=body.count("BAR"),
+                shuffles=body.count("SHFL"),
+                global_loads=sum(op in ("LDG", "LD") for op in body),
+            )
+        )
+    return bodies
+
+
+def kernel_sass(compiled) -> str:
+    """The SASS text of a compiled kernel."""
+    return _cuobjdump(compiled.asm["cubin"], "-sass")
+
+
 def sass_stats(compiled) -> SassStats:
     """Count the SASS of a compiled kernel (disassembled with the ``cuobjdump`` Triton ships)."""
     cubin = compiled.asm["cubin"]

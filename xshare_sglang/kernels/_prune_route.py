@@ -339,9 +339,10 @@ def greedy_iterative(base, agg, e, e_ok, count, active, ALLOW_ZERO: tl.constexpr
     else:
         candidate = (base == 0) & e_ok & (agg > 0) & active
     for _ in range(0, count):
-        best = tl.max(tl.where(candidate, agg, -1), axis=0)
-        first = tl.min(tl.where(candidate & (agg == best), e, BLOCK_E), axis=0)
-        hit = e == first
+        # one (value, index) reduction: the first maximum; with no candidate left it lands on a
+        # non-candidate, which the hit test drops
+        first = tl.argmax(tl.where(candidate, agg, -1), axis=0, tie_break_left=True)
+        hit = (e == first) & candidate
         chosen = tl.where(hit, 1, chosen)
         candidate = candidate & (e != first)
     return chosen
@@ -1084,8 +1085,7 @@ def select_kernel(
             discount = tl.zeros([BLOCK_E], tl.int64)
             for _ in range(0, count):
                 gain = tl.where(e_ok & (chosen == 0), agg * (REDUNDANCY_ONE - discount), -1)
-                best = tl.max(gain, axis=0)
-                first = tl.min(tl.where(gain == best, e, BLOCK_E), axis=0)
+                first = tl.argmax(gain, axis=0, tie_break_left=True)  # the first maximum, one reduction
                 chosen = tl.where(e == first, 1, chosen)
                 row = tl.load(redundancy_ptr + first * num_experts + e, mask=e_ok, other=0)
                 discount = tl.maximum(discount, row.to(tl.int64))

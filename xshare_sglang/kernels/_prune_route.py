@@ -56,6 +56,10 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   at the old coverage and put back at the new one (``coverage_loss``): about T x top_k / E rows per
   pick.  Up to one tile the rows are read into registers once.  Exact: the same integer terms the
   full recount sums, in any order; the tie-break is one packed key ``agg << 10 | (1023 - e)``.
+* The greedy picks of the co-activation ranking and of the per-request sets took two reductions per
+  pick (the maximum, then the first index holding it); now one ``tl.argmax`` over (value, index)
+  pairs, first index on ties: half the block barriers per pick (6 -> 3 at E=128).  Exact: the same
+  first maximum; a per-request pick with no candidate left lands on a non-candidate and is dropped.
 * Grouped routing (DeepSeek-V3) ranked the groups in a loop over groups, three row reductions each,
   and marked the chosen groups in a second loop.  When the groups split a power-of-two E evenly it
   views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.

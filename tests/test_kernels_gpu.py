@@ -15,6 +15,7 @@ import torch
 
 from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig, select_experts_mask
+from xshare_sglang.config import POLICIES as CONFIG_POLICIES
 from xshare_sglang.kernels import SelectionWorkspace, prune_route, select_keep_mask
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
@@ -23,17 +24,8 @@ WEIGHT_TOLERANCE = dict(atol=2e-6, rtol=2e-5)
 
 pytestmark = pytest.mark.gpu
 
-POLICIES = [
-    "oea",
-    "xshare",
-    "xshare-threshold",
-    "xshare-spec",
-    "xshare-ep",
-    "moe-spec",
-    "moe-spec-static",
-    "moe-spec-coverage",  # above one tile: per-expert row lists filled with atomics
-    "lynx",
-]
+# every policy that selects, the static ranking, and coverage (above one tile: row lists filled with atomics)
+POLICIES = [p for p in CONFIG_POLICIES if p != "none"] + ["moe-spec-static", "moe-spec-coverage"]
 
 
 def _warm_up(step, repeats: int = 3) -> None:

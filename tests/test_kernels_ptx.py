@@ -22,18 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from xshare_sglang.config import POLICIES as CONFIG_POLICIES
+
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = [
-    "none",
-    "oea",
-    "xshare",
-    "xshare-threshold",
-    "xshare-spec",
-    "xshare-ep",
-    "moe-spec",
-    "moe-spec-coverage",
-    "lynx",
-]
+POLICIES = [*CONFIG_POLICIES, "moe-spec-coverage"]  # coverage: above one tile, row lists filled with atomics
 
 
 def _compile(cases: list[dict]) -> list[dict]:

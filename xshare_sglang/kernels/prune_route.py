@@ -376,8 +376,8 @@ def _launch(
     route_only = route and cfg.policy == "none" and not plan.single
     # the coverage greedy holds every row in registers up to one tile, above it keeps per-expert row
     # lists (built with atomics into counters the fill below zeroes: never in a single program)
-    cover_rows = min(_next_pow2(max(num_tokens, 1)), max(TILE_ELEMENTS // block_e, plan.chunk_rows))
-    cover_lists = policy["mode"] == "MODE_COVERAGE" and num_tokens > cover_rows
+    cover_tile_rows = min(_next_pow2(max(num_tokens, 1)), max(TILE_ELEMENTS // block_e, plan.chunk_rows))
+    cover_lists = policy["mode"] == "MODE_COVERAGE" and num_tokens > cover_tile_rows
     assert not (cover_lists and plan.single), "coverage row lists need the multi-program fill"
     if not plan.single and (has_metrics or not route_only):
         # tickets, accumulators and expert marks start every multi-program call at 0, whatever an
@@ -438,7 +438,7 @@ def _launch(
         BLOCK_BINS=BLOCK_BINS,
         CHUNK=max(1, min(32, 4096 // block_e)),  # experts per step of LYNX's digit comparison
         SEARCH_STEPS=block_e.bit_length() + 1,
-        COVER_T=cover_rows,
+        COVER_T=cover_tile_rows,
         COVER_LISTS=cover_lists,
         CHUNK_T=plan.chunk_rows,
         ROUTE_T=plan.route_rows,

@@ -44,6 +44,7 @@ import torch
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.common import git_sha
 from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, kernel_sass, loop_bodies, sass_stats
+from xshare_sglang.kernels import token_alignment
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -142,6 +143,14 @@ def main() -> int:
         action="store_true",
         help="add a column: each loop body's instructions/BAR/SHFL/global loads (one trip, in branch order)",
     )
+    parser.add_argument(
+        "--align",
+        type=int,
+        default=0,
+        metavar="BLOCK_M",
+        help="also sort the routed slots by expert for blocks of BLOCK_M rows in the routing launches "
+        "(prune_route's alignment; every expert local)",
+    )
     args = parser.parse_args()
     jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
     lines = [
@@ -168,7 +177,10 @@ def main() -> int:
                     expert_to_rank=torch.arange(num_experts, dtype=torch.int32) // (num_experts // 8),
                     correction_bias=torch.zeros(num_experts) if router.scoring == "sigmoid" else None,
                 )
-                launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64))
+                extra = {}
+                if args.align:
+                    extra["alignment"] = token_alignment(num_tokens, router.top_k, num_experts, args.align)
+                launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64), **extra)
                 for kernel, (grid, kernel_args, kwargs) in launches.items():
                     named = dict(zip(getattr(jit, kernel).arg_names, kernel_args, strict=False)) | kwargs
                     compiled = compile_launch(kernel, kernel_args, kwargs)

@@ -43,8 +43,9 @@ def _compile(cases: list[dict]) -> list[dict]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _case(tokens, policy="xshare", router="softmax", top_k=8, fill=False, metrics=True) -> dict:
-    return dict(tokens=tokens, experts=128, policy=policy, router=router, top_k=top_k, fill=fill, metrics=metrics)
+def _case(tokens, policy="xshare", router="softmax", top_k=8, fill=False, metrics=True, **extra) -> dict:
+    case = dict(tokens=tokens, experts=128, policy=policy, router=router, top_k=top_k, fill=fill, metrics=metrics)
+    return {**case, **extra}
 
 
 @pytest.mark.fused_selection
@@ -72,6 +73,27 @@ def test_every_configuration_family_compiles_for_sm90() -> None:
     results = _compile(cases)
     failed = [(case, result["error"]) for case, result in zip(cases, results, strict=True) if "error" in result]
     assert not failed, f"{len(failed)} of {len(cases)} configurations do not compile: {failed[:5]}"
+
+
+@pytest.mark.fused_selection
+def test_token_alignment_compiles_for_sm90() -> None:
+    """The alignment epilogue in both kernels that route (one program, and the routing kernel's last
+    program), with and without metrics, for the block sizes SGLang's configurations use."""
+    cases = [
+        _case(tokens, policy, router, top_k, metrics=metrics, align=block_m)
+        for (tokens, policy, router, top_k, metrics, block_m) in [
+            (1, "xshare", "softmax", 8, True, 16),
+            (7, "lynx", "biased", 6, False, 64),
+            (64, "none", "softmax", 8, False, 16),
+            (64, "xshare", "grouped", 8, True, 64),
+            (512, "lynx", "sigmoid", 4, False, 128),
+            (200, "xshare-spec", "softmax", 2, True, 32),
+        ]
+    ]
+    results = _compile(cases)
+    failed = [(case, result["error"]) for case, result in zip(cases, results, strict=True) if "error" in result]
+    assert not failed, failed
+    assert set(results[0]) == {"select_kernel"} and set(results[2]) == {"route_kernel"}, results
 
 
 def test_loop_bodies_count_one_trip_of_each_loop() -> None:

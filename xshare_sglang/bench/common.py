@@ -52,6 +52,22 @@ def time_graph(fn, calls: int, replays: int) -> float:
     return statistics.median(samples)
 
 
+def count_launches(fn) -> int | None:
+    """Kernels (and device memsets) one eager call ``fn(0)`` puts on the GPU, as its CUDA graph holds
+    them: counted by the profiler after a warm-up call.  None off CUDA (a ``--smoke`` run)."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(0)
+        torch.cuda.synchronize()
+    return sum(1 for evt in prof.events() if evt.device_type == DeviceType.CUDA and "Memcpy" not in evt.name)
+
+
 def cpu_smoke_problem() -> str | None:
     """Why a ``--smoke`` run cannot start on this CPU (None: it can; torch then uses one thread)."""
     if os.environ.get("TRITON_INTERPRET") != "1":

@@ -1,5 +1,6 @@
 """Token alignment for the fused-MoE benchmarks: the launch wrapper of
-:mod:`xshare_sglang.kernels._moe_align` and its torch reference (the two must agree exactly)."""
+:mod:`xshare_sglang.kernels._moe_align`, whose torch reference is
+:func:`xshare_sglang.policies.token_alignment.align_reference` (the two must agree exactly)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,15 @@ import torch
 import triton
 
 from ..kernels import _moe_align as jit
+from ..policies.token_alignment import align_reference, aligned_length
+
+__all__ = ["align_reference", "align_tokens", "aligned_length", "local_ids"]
 
 
 def local_ids(ids: torch.Tensor, offset: int, num_local: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids of this rank's experts (``ids - offset``) and where they are valid."""
     local = ids.long() - offset
     return local, (ids >= 0) & (local >= 0) & (local < num_local)
-
-
-def aligned_length(numel: int, block_m: int, num_local: int) -> int:
-    """Room for the sorted slots: each non-empty bucket adds at most block_m - 1 padding slots."""
-    return numel + min(numel, num_local + 1) * (block_m - 1)
 
 
 def align_tokens(ids: torch.Tensor, block_m: int, num_local: int, offset: int, expert_ids: bool = True):
@@ -62,21 +61,3 @@ def align_tokens(ids: torch.Tensor, block_m: int, num_local: int, offset: int, e
         WRITE_EXPERT_IDS=expert_ids,
     )
     return sorted_ids, (blocks if expert_ids else None), bounds
-
-
-def align_reference(ids: torch.Tensor, block_m: int, num_local: int, offset: int):
-    """The same layout in plain torch (for the smoke checks): (sorted_ids, expert_ids, bounds), used parts."""
-    flat = ids.reshape(-1).cpu()
-    local, valid = local_ids(flat, offset, num_local)
-    key = torch.where(valid, local, num_local)
-    counts = torch.bincount(key, minlength=num_local + 1)
-    padded = (counts + block_m - 1) // block_m * block_m
-    bounds = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(padded, 0)])
-    sorted_ids = torch.full((int(bounds[-1]),), flat.numel(), dtype=torch.int32)
-    expert_ids = torch.full((int(bounds[-1]) // block_m,), -1, dtype=torch.int32)
-    for b in range(num_local + 1):
-        idx = torch.nonzero(key == b).reshape(-1)
-        sorted_ids[bounds[b] : bounds[b] + idx.numel()] = idx.to(torch.int32)
-        if b < num_local:
-            expert_ids[bounds[b] // block_m : bounds[b + 1] // block_m] = b
-    return sorted_ids, expert_ids, bounds.to(torch.int32)

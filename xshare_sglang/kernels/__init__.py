@@ -5,6 +5,8 @@
   two otherwise; the reference is :func:`xshare_sglang.policies.prune_route.prune_route`;
 * :func:`select_keep_mask` - the keep mask alone, in one launch (same meaning as
   :func:`xshare_sglang.select_experts_mask`);
+* :func:`token_alignment` - buffers for ``prune_route`` to also write the routed slots sorted by
+  expert (the layout SGLang's fused-MoE kernel reads) in the launches that route;
 * :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture, one per
   (device, E, stream) (:func:`workspace_key`).
 
@@ -18,6 +20,7 @@ from .prune_route import (
     plan_launch,
     prune_route,
     select_keep_mask,
+    token_alignment,
     unsupported_reason,
     workspace_key,
 )
@@ -28,6 +31,7 @@ __all__ = [
     "plan_launch",
     "prune_route",
     "select_keep_mask",
+    "token_alignment",
     "unsupported_reason",
     "workspace_key",
 ]

@@ -783,6 +783,115 @@ def finish_keep(
 
 
 @triton.jit
+def slot_buckets(ids_ptr, ids_stride, rows, j, ok, expert_offset, num_local):
+    """Alignment bucket of each slot: its local expert, ``num_local`` for any other id, -1 off the call."""
+    ids = tl.load(ids_ptr + rows * ids_stride + j, mask=ok, other=-1)
+    local = ids - expert_offset
+    return tl.where(ok, tl.where((ids >= 0) & (local >= 0) & (local < num_local), local, num_local), -1)
+
+
+@triton.jit
+def align_chunk(
+    ids_ptr,
+    ids_stride,
+    top_k,
+    num_tokens,
+    first_row,
+    chunk,
+    expert_offset,
+    num_local,
+    counts_ptr,
+    rank_ptr,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ALIGN_B: tl.constexpr,
+):
+    """One routed tile's share of the alignment: its slots per bucket into ``counts[chunk, :]``, and
+    each slot's rank among the tile's earlier slots of its bucket into ``rank[t * top_k + j]``.  The
+    caller puts a block barrier between writing the tile's ids and this."""
+    s = tl.arange(0, ROWS * BLOCK_K)
+    rows = first_row + s // BLOCK_K
+    j = s % BLOCK_K
+    ok = (rows < num_tokens) & (j < top_k)
+    bucket = slot_buckets(ids_ptr, ids_stride, rows, j, ok, expert_offset, num_local)
+    earlier = (bucket[:, None] == bucket[None, :]) & (s[None, :] < s[:, None])
+    tl.store(rank_ptr + rows * top_k + j, tl.sum(earlier.to(tl.int32), axis=1), mask=ok)
+    b = tl.arange(0, ALIGN_B)
+    tl.store(counts_ptr + chunk * ALIGN_B + b, tl.sum((bucket[:, None] == b[None, :]).to(tl.int32), axis=0))
+
+
+@triton.jit
+def align_finish(
+    ids_ptr,
+    ids_stride,
+    top_k,
+    num_tokens,
+    num_chunks,
+    expert_offset,
+    num_local,
+    counts_ptr,
+    rank_ptr,
+    sorted_ptr,
+    blocks_ptr,
+    bounds_ptr,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ALIGN_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """The alignment from every tile's share (one program, after every ``align_chunk``): bucket
+    bounds padded to ``BLOCK_M``, padding places, each block's expert, then every slot at its bucket's
+    start + the slots of earlier tiles in its bucket + its rank in its tile.  Integer sums and
+    prefix sums only: the same places as the reference, whatever order the tiles finished in."""
+    b = tl.arange(0, ALIGN_B)
+    b_ok = b <= num_local
+    STEP: tl.constexpr = 4096 // ALIGN_B  # tiles per step over the counts (ALIGN_B <= 1024)
+    total = tl.zeros([ALIGN_B], tl.int32)
+    for c0 in range(0, num_chunks, STEP):
+        c = c0 + tl.arange(0, STEP)
+        at = counts_ptr + c[:, None] * ALIGN_B + b[None, :]
+        c_ok = (c < num_chunks)[:, None] & b_ok[None, :]
+        total += tl.sum(tl.load(at, mask=c_ok, other=0, cache_modifier=".cg"), axis=0)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    start = end - padded
+    tl.store(bounds_ptr + 1 + b, end, mask=b_ok)
+    tl.store(bounds_ptr + b, 0, mask=b == 0)
+    numel = num_tokens * top_k
+    PAD: tl.constexpr = 16 if BLOCK_M > 16 else BLOCK_M
+    for p0 in range(0, BLOCK_M - 1, PAD):  # fewer than BLOCK_M padding places per bucket
+        p = total[:, None] + p0 + tl.arange(0, PAD)[None, :]
+        tl.store(sorted_ptr + start[:, None] + p, numel + 0 * p, mask=b_ok[:, None] & (p < padded[:, None]))
+    num_blocks = padded // BLOCK_M
+    expert = tl.where(b < num_local, b, -1)
+    QB: tl.constexpr = 16
+    for q0 in range(0, tl.max(num_blocks, axis=0), QB):
+        q = q0 + tl.arange(0, QB)[None, :]
+        at = blocks_ptr + start[:, None] // BLOCK_M + q
+        tl.store(at, expert[:, None] + 0 * q, mask=b_ok[:, None] & (q < num_blocks[:, None]))
+    # each tile's first place per bucket, over its counts
+    run = start
+    for c0 in range(0, num_chunks, STEP):
+        c = c0 + tl.arange(0, STEP)
+        at = counts_ptr + c[:, None] * ALIGN_B + b[None, :]
+        c_ok = (c < num_chunks)[:, None] & b_ok[None, :]
+        cnt = tl.load(at, mask=c_ok, other=0, cache_modifier=".cg")
+        tl.store(at, run[None, :] + tl.cumsum(cnt, axis=0) - cnt, mask=c_ok)
+        run += tl.sum(cnt, axis=0)
+    tl.debug_barrier()
+    STEP_ROWS: tl.constexpr = 1024 // BLOCK_K  # BLOCK_K <= 16
+    for r0 in range(0, num_tokens, STEP_ROWS):
+        s = tl.arange(0, STEP_ROWS * BLOCK_K)
+        rows = r0 + s // BLOCK_K
+        j = s % BLOCK_K
+        ok = (rows < num_tokens) & (j < top_k)
+        bucket = slot_buckets(ids_ptr, ids_stride, rows, j, ok, expert_offset, num_local)
+        first = tl.load(counts_ptr + (rows // ROWS) * ALIGN_B + bucket, mask=ok, other=0, cache_modifier=".cg")
+        rank = tl.load(rank_ptr + rows * top_k + j, mask=ok, other=0, cache_modifier=".cg")
+        tl.store(sorted_ptr + first + rank, rows * top_k + j, mask=ok)
+
+
+@triton.jit
 def select_kernel(
     logits_ptr,
     stride_t,
@@ -836,6 +945,14 @@ def select_kernel(
     group_size,
     num_groups,
     scale,
+    # the slots sorted by expert (ALIGN only)
+    expert_offset,
+    num_local,
+    align_counts_ptr,
+    align_rank_ptr,
+    sorted_ptr,
+    blocks_ptr,
+    bounds_ptr,
     HAS_NV_PTR: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
     MODE: tl.constexpr,
@@ -870,6 +987,9 @@ def select_kernel(
     ROUTE_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ROUTE_KEY_SHIFT: tl.constexpr,
+    ALIGN: tl.constexpr,
+    ALIGN_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_parts = tl.num_programs(0)
@@ -1186,8 +1306,45 @@ def select_kernel(
                     ROUTE_KEY_SHIFT,
                 )
                 used = tl.maximum(used, block_used)
+                if ALIGN:
+                    tl.debug_barrier()  # the tile's ids, stored by every thread, read back by any
+                    align_chunk(
+                        ids_ptr,
+                        ids_stride,
+                        route_top_k,
+                        num_tokens,
+                        c,
+                        c // ROUTE_T,
+                        expert_offset,
+                        num_local,
+                        align_counts_ptr,
+                        align_rank_ptr,
+                        ROUTE_T,
+                        BLOCK_K,
+                        ALIGN_B,
+                    )
             if HAS_METRICS:
                 tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum(used.to(tl.int64), axis=0))
+            if ALIGN:
+                tl.debug_barrier()
+                align_finish(
+                    ids_ptr,
+                    ids_stride,
+                    route_top_k,
+                    num_tokens,
+                    (num_tokens + ROUTE_T - 1) // ROUTE_T,
+                    expert_offset,
+                    num_local,
+                    align_counts_ptr,
+                    align_rank_ptr,
+                    sorted_ptr,
+                    blocks_ptr,
+                    bounds_ptr,
+                    ROUTE_T,
+                    BLOCK_K,
+                    ALIGN_B,
+                    BLOCK_M,
+                )
 
 
 @triton.jit
@@ -1304,6 +1461,13 @@ def route_kernel(
     used_ptr,
     ticket_ptr,
     metrics_ptr,
+    expert_offset,
+    num_local,
+    align_counts_ptr,
+    align_rank_ptr,
+    sorted_ptr,
+    blocks_ptr,
+    bounds_ptr,
     HAS_NV_PTR: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -1321,6 +1485,9 @@ def route_kernel(
     CHUNK_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ALL_KEPT: tl.constexpr,
+    ALIGN: tl.constexpr,
+    ALIGN_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
@@ -1374,10 +1541,48 @@ def route_kernel(
         GROUP_SIZE,
         KEY_SHIFT,
     )
+    if ALIGN:
+        tl.debug_barrier()  # the tile's ids, stored by every thread, read back by any
+        align_chunk(
+            ids_ptr,
+            ids_stride,
+            top_k,
+            num_tokens,
+            pid * CHUNK_T,
+            pid,
+            expert_offset,
+            num_local,
+            align_counts_ptr,
+            align_rank_ptr,
+            CHUNK_T,
+            BLOCK_K,
+            ALIGN_B,
+        )
     if HAS_METRICS:
         tl.atomic_max(used_ptr + e, used, mask=e_ok & (used != 0))
+    if HAS_METRICS or ALIGN:
         tl.debug_barrier()
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == tl.num_programs(0) - 1:
-            marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-            tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum((marks != 0).to(tl.int64), axis=0))
+            if HAS_METRICS:
+                marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
+                tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum((marks != 0).to(tl.int64), axis=0))
+            if ALIGN:
+                align_finish(
+                    ids_ptr,
+                    ids_stride,
+                    top_k,
+                    num_tokens,
+                    tl.num_programs(0),
+                    expert_offset,
+                    num_local,
+                    align_counts_ptr,
+                    align_rank_ptr,
+                    sorted_ptr,
+                    blocks_ptr,
+                    bounds_ptr,
+                    CHUNK_T,
+                    BLOCK_K,
+                    ALIGN_B,
+                    BLOCK_M,
+                )

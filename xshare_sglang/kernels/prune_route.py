@@ -34,6 +34,7 @@ from ..policies.greedy import tau_fixed_point
 from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.prune_route import PrunedRouting, check_outputs, route_checked
 from ..policies.scores import float32_value
+from ..policies.token_alignment import TokenAlignment, write_alignment
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +78,17 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def kernel_warps(block_experts: int, plan: LaunchPlan, policy: str) -> int:
+def kernel_warps(block_experts: int, plan: LaunchPlan, policy: str, align: bool = False) -> int:
     """Warps per program of every kernel of one call.
 
     Four warps (eight for E > 128) hold a tile of rows.  A one-row call of policy ``none`` (the fused
     top-k alone) takes a quarter of that: on an H200 the E=128 top-8 took 2.5 us with one warp and 3.3
     with four, while any set rule ran slower on fewer warps (xshare 9.0 us with one warp, 6.4 with four).
+    Not when the call also aligns its slots: one warp then spills (about 2 KB of local memory per
+    thread for the slot-by-slot and slot-by-expert comparisons, Triton 3.6, sm_90).
     """
     warps = 8 if block_experts >= 256 else 4
-    if policy == "none" and plan.single and plan.route_rows == 1:
+    if policy == "none" and plan.single and plan.route_rows == 1 and not align:
         warps //= 4
     return warps
 
@@ -184,6 +187,58 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
         rows_per_request = rows_per_program
     route_programs = 0 if num_parts == 1 else -(-num_tokens // tile_rows)
     return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile_rows, route_programs)
+
+
+def tile_rows(num_experts: int) -> int:
+    """Rows of one tile of logits for E experts (the routing kernel's rows per program)."""
+    return max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // max(16, _next_pow2(num_experts))))
+
+
+def alignment_scratch_size(num_tokens: int, top_k: int, num_experts: int, num_local: int) -> int:
+    """int32 words of scratch the kernels need to align ``num_tokens`` x ``top_k`` slots: one count per
+    (routing tile, bucket) and one rank per slot."""
+    tiles = max(1, -(-num_tokens // tile_rows(num_experts)))
+    return tiles * _next_pow2(num_local + 1) + num_tokens * top_k
+
+
+def token_alignment(
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    block_m: int,
+    num_local: int | None = None,
+    expert_offset: int = 0,
+    device: torch.device | str = "cpu",
+) -> TokenAlignment:
+    """Buffers for :func:`prune_route` to write the slots sorted by expert into (allocate them before
+    CUDA-graph capture): the outputs of :meth:`TokenAlignment.empty` and the kernels' scratch.
+
+    Parameters
+    ----------
+    num_tokens, top_k, num_experts : int
+        The call's shape: T, slots per token, E (the router's width).
+    block_m : int
+        The fused-MoE kernel's ``BLOCK_SIZE_M`` (each expert's run is padded to a multiple of it).
+    num_local : int, optional
+        Experts of this rank (default: all E); with ``expert_offset``, the rank's ids are
+        ``[expert_offset, expert_offset + num_local)`` and every other slot goes to the skipped bucket.
+    """
+    num_local = num_experts if num_local is None else num_local
+    if not 1 <= num_local <= MAX_EXPERTS:
+        raise ValueError(f"num_local must be in [1, {MAX_EXPERTS}], got {num_local}")
+    if not 1 <= block_m <= 1024:
+        raise ValueError(f"block_m must be in [1, 1024], got {block_m}")
+    out = TokenAlignment.empty(num_tokens, top_k, block_m, num_local, expert_offset, device)
+    words = alignment_scratch_size(num_tokens, top_k, num_experts, num_local)
+    return TokenAlignment(
+        out.block_m,
+        out.num_local,
+        out.expert_offset,
+        out.sorted_ids,
+        out.expert_ids,
+        out.bounds,
+        scratch=torch.empty(words, dtype=torch.int32, device=device),
+    )
 
 
 class SelectionWorkspace:
@@ -300,6 +355,7 @@ def _launch(
     fill_dropped: bool = False,
     metrics_row: torch.Tensor | None = None,
     stats_out: torch.Tensor | None = None,
+    alignment: TokenAlignment | None = None,
 ) -> None:
     from . import _prune_route as jit  # imports triton
 
@@ -346,7 +402,7 @@ def _launch(
         GROUP_SIZE=num_experts // num_groups
         if num_groups > 1 and num_experts == block_e and _is_pow2(num_groups)
         else 0,
-        num_warps=kernel_warps(block_e, plan, cfg.policy),
+        num_warps=kernel_warps(block_e, plan, cfg.policy, alignment is not None),
         enable_fp_fusion=False,
     )
     # int32 order keys when the logits are 16-bit floats (exact: see _prune_route.pack_key); the
@@ -370,6 +426,26 @@ def _launch(
         scale,
     )
     metrics = metrics_row if has_metrics else ws.mass
+    # the routed slots sorted by expert, written by the launches that route (see _prune_route.align_finish)
+    align = alignment is not None
+    if align:
+        align_b = _next_pow2(alignment.num_local + 1)
+        tiles = max(1, -(-num_tokens // plan.route_rows))
+        ranks_at = tiles * align_b
+        scratch = alignment.scratch
+        aligned = (
+            alignment.expert_offset,
+            alignment.num_local,
+            scratch[:ranks_at],
+            scratch[ranks_at:],
+            alignment.sorted_ids,
+            alignment.expert_ids,
+            alignment.bounds,
+        )
+        align_kw = dict(ALIGN=True, ALIGN_B=align_b, BLOCK_M=alignment.block_m)
+    else:
+        aligned = (0, 1, ws.used, ws.used, ws.used, ws.used, ws.used)
+        align_kw = dict(ALIGN=False, ALIGN_B=2, BLOCK_M=1)
     has_range = cfg.policy != "none" and (cfg.min_tokens is not None or cfg.max_tokens is not None)
     lynx = cfg.policy == "lynx"
     # policy none above one program: the routing kernel alone, keeping every expert
@@ -379,15 +455,17 @@ def _launch(
     cover_tile_rows = min(_next_pow2(max(num_tokens, 1)), max(TILE_ELEMENTS // block_e, plan.chunk_rows))
     cover_lists = policy["mode"] == "MODE_COVERAGE" and num_tokens > cover_tile_rows
     assert not (cover_lists and plan.single), "coverage row lists need the multi-program fill"
-    if not plan.single and (has_metrics or not route_only):
+    if not plan.single and (has_metrics or align or not route_only):
         # tickets, accumulators and expert marks start every multi-program call at 0, whatever an
         # earlier call left
         ws.counters.zero_()
     if route and not plan.single:
-        route_args = dict(HAS_METRICS=has_metrics, CHUNK_T=plan.route_rows, KEY_SHIFT=route_key_shift, **common)
+        route_args = dict(
+            HAS_METRICS=has_metrics, CHUNK_T=plan.route_rows, KEY_SHIFT=route_key_shift, **align_kw, **common
+        )
     if route_only:
         jit.route_kernel[(plan.route_programs,)](
-            *rows, *routing, keep, ws.used, ws.tickets[1:], metrics, ALL_KEPT=True, **route_args
+            *rows, *routing, keep, ws.used, ws.tickets[1:], metrics, *aligned, ALL_KEPT=True, **route_args
         )
         return
     jit.select_kernel[(plan.num_parts,)](
@@ -423,6 +501,7 @@ def _launch(
         metrics,
         stats_out if has_stats else ws.mass,
         *routing,
+        *aligned,
         MODE=getattr(jit, policy["mode"]).value,
         NEED_SCORES=need_scores,
         SCORE_TOPK=cfg.effective_score == "topk",
@@ -444,6 +523,9 @@ def _launch(
         ROUTE_T=plan.route_rows,
         KEY_SHIFT=key_shift,
         ROUTE_KEY_SHIFT=route_key_shift,
+        ALIGN=align and plan.single,
+        ALIGN_B=align_kw["ALIGN_B"],
+        BLOCK_M=align_kw["BLOCK_M"],
         **common,
     )
     if lynx and not plan.single:
@@ -483,6 +565,7 @@ def _launch(
             ws.used,
             ws.tickets[1:],
             metrics,
+            *aligned,
             ALL_KEPT=False,
             **route_args,
         )
@@ -497,12 +580,16 @@ def prune_route(
     ids_out: torch.Tensor | None = None,
     weights_out: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
+    alignment: TokenAlignment | None = None,
     workspace: SelectionWorkspace | None = None,
 ) -> PrunedRouting:
     """Keep mask and routing of one MoE layer call, on the device, in one or two launches.
 
     See :func:`xshare_sglang.policies.prune_route.prune_route` for the parameters; ``workspace`` is
-    the scratch memory (default: one shared per (device, E), created on first use).
+    the scratch memory (default: one shared per (device, E), created on first use).  An
+    ``alignment`` (from :func:`token_alignment`, which sizes its scratch) is written by the same
+    launches: the routing program of one tile (or the single program) counts and ranks its slots
+    per expert, and the last one places them all.
 
     Returns
     -------
@@ -510,11 +597,16 @@ def prune_route(
         ``topk_ids`` [T, top_k] int32, ``topk_weights`` [T, top_k] float32, ``keep`` [E] bool.
     """
     check_outputs(call, keep_out, ids_out, weights_out, metrics_row)
+    if alignment is not None:
+        check_alignment(call, alignment)
     outputs = dict(keep_out=keep_out, ids_out=ids_out, weights_out=weights_out, metrics_row=metrics_row)
     reason = unsupported_reason(call, cfg)
     if reason is not None:
         _report(reason)
-        return route_checked(call, cfg, fill_dropped=fill_dropped, **outputs)
+        routed = route_checked(call, cfg, fill_dropped=fill_dropped, **outputs)
+        if alignment is not None:
+            write_alignment(routed.topk_ids, alignment)
+        return routed
     call.check_config(cfg)
     num_tokens, num_experts = call.logits.shape
     device = call.device
@@ -535,8 +627,24 @@ def prune_route(
         fill_dropped=fill_dropped,
         metrics_row=metrics_row,
         workspace=workspace,
+        alignment=alignment,
     )
     return PrunedRouting(ids, weights, keep)
+
+
+def check_alignment(call: RoutingCall, alignment: TokenAlignment) -> None:
+    """Raise ``ValueError`` unless ``alignment``'s buffers and scratch fit the call."""
+    num_tokens, num_experts = call.logits.shape
+    alignment.check(torch.empty(num_tokens, call.top_k, device=call.device))
+    if not 1 <= alignment.num_local <= MAX_EXPERTS or not 1 <= alignment.block_m <= 1024:
+        raise ValueError(f"alignment: num_local in [1, {MAX_EXPERTS}] and block_m in [1, 1024] (kernel limits)")
+    words = alignment_scratch_size(num_tokens, call.top_k, num_experts, alignment.num_local)
+    scratch = alignment.scratch
+    if scratch is None or scratch.dtype != torch.int32 or scratch.numel() < words or scratch.device != call.device:
+        raise ValueError(
+            f"alignment.scratch must be an int32 tensor of at least {words} words on {call.device} "
+            "(build the alignment with xshare_sglang.kernels.token_alignment)"
+        )
 
 
 def select_keep_mask(

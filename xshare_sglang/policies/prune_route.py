@@ -24,6 +24,7 @@ from .call import RoutingCall
 from .rewrite import METRIC_COLUMNS, call_metrics, filler_ids
 from .routing import route_logits
 from .scores import sanitize_logits, sanitize_token_weights, valid_token_mask
+from .token_alignment import TokenAlignment, write_alignment
 
 __all__ = ["METRIC_COLUMNS", "PrunedRouting", "check_outputs", "prune_route", "route_checked"]
 
@@ -80,6 +81,7 @@ def prune_route(
     ids_out: torch.Tensor | None = None,
     weights_out: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
+    alignment: TokenAlignment | None = None,
     workspace: object | None = None,
 ) -> PrunedRouting:
     """Keep mask and routing of one MoE layer call.
@@ -98,6 +100,10 @@ def prune_route(
         Written in place and returned: [E] bool, [T, top_k] int32, [T, top_k] float32.
     metrics_row : Tensor, shape [4], int64, optional
         Receives ``+=`` the call's metrics (:func:`~xshare_sglang.policies.rewrite.call_metrics`).
+    alignment : TokenAlignment, optional
+        Also receives the routed slots sorted by expert, the layout a fused-MoE kernel reads
+        (:mod:`~xshare_sglang.policies.token_alignment`); the kernels write it in the launches
+        that route, so the layer needs no alignment kernel of its own.
     workspace : optional
         Ignored (the kernels' scratch memory); accepted so both paths share one signature.
 
@@ -107,7 +113,7 @@ def prune_route(
     """
     del workspace
     check_outputs(call, keep_out, ids_out, weights_out, metrics_row)
-    return route_checked(
+    routed = route_checked(
         call,
         cfg,
         fill_dropped=fill_dropped,
@@ -116,6 +122,9 @@ def prune_route(
         weights_out=weights_out,
         metrics_row=metrics_row,
     )
+    if alignment is not None:
+        write_alignment(routed.topk_ids, alignment)
+    return routed
 
 
 def route_checked(

@@ -91,6 +91,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 if wanted tests; then
     stage tests "$(box 25)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py tests/test_kernel_primitives.py \
+        tests/test_token_alignment.py \
         tests/test_kernels.py -k "gpu or knocked or per_stream or current_device or sixteen or infinity or primitives"
     keep "$work/gpu_tests.xml"
 fi

@@ -60,6 +60,15 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   pick (the maximum, then the first index holding it); now one ``tl.argmax`` over (value, index)
   pairs, first index on ties: half the block barriers per pick (6 -> 3 at E=128).  Exact: the same
   first maximum; a per-request pick with no candidate left lands on a non-candidate and is dropped.
+* The token alignment SGLang's fused MoE runs after its top-k (``moe_align_block_size``: the slots
+  sorted by expert, each expert's run padded to the GEMM's block) is written by the launches that
+  route, when the call passes an alignment (issue 33, item 3), instead of by one or two launches of
+  its own.  Each routing tile ranks its slots among its earlier slots of the same expert with one
+  [slots, slots] comparison and records its count per expert (``align_chunk``); the last program
+  sums the counts over tiles, prefix-sums the padded totals into bucket starts, pads, names each
+  block's expert and puts every slot at start + the earlier tiles' count + its rank
+  (``align_finish``).  Exact: integer sums and prefix sums taken in tile order, whatever order the
+  tiles finished in, so inside a bucket the slots keep their order, as the reference's do.
 * Grouped routing (DeepSeek-V3) ranked the groups in a loop over groups, three row reductions each,
   and marked the chosen groups in a second loop.  When the groups split a power-of-two E evenly it
   views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.
@@ -806,18 +815,24 @@ def align_chunk(
     BLOCK_K: tl.constexpr,
     ALIGN_B: tl.constexpr,
 ):
-    """One routed tile's share of the alignment: its slots per bucket into ``counts[chunk, :]``, and
-    each slot's rank among the tile's earlier slots of its bucket into ``rank[t * top_k + j]``.  The
-    caller puts a block barrier between writing the tile's ids and this."""
+    """One routed tile's share of the alignment: each slot's rank among the tile's earlier slots of its
+    bucket into ``rank[t * top_k + j]``, and the tile's slots per bucket into ``counts[chunk, :]``
+    (the last slot of each bucket stores its rank + 1 over a row of zeros).  One [slots, slots]
+    equality, two sums along it.  The caller puts a block barrier between writing the tile's ids and
+    this."""
     s = tl.arange(0, ROWS * BLOCK_K)
     rows = first_row + s // BLOCK_K
     j = s % BLOCK_K
     ok = (rows < num_tokens) & (j < top_k)
     bucket = slot_buckets(ids_ptr, ids_stride, rows, j, ok, expert_offset, num_local)
-    earlier = (bucket[:, None] == bucket[None, :]) & (s[None, :] < s[:, None])
-    tl.store(rank_ptr + rows * top_k + j, tl.sum(earlier.to(tl.int32), axis=1), mask=ok)
+    same = bucket[:, None] == bucket[None, :]
+    rank = tl.sum((same & (s[None, :] < s[:, None])).to(tl.int32), axis=1)
+    last = ok & (tl.sum((same & (s[None, :] > s[:, None])).to(tl.int32), axis=1) == 0)
+    tl.store(rank_ptr + rows * top_k + j, rank, mask=ok)
     b = tl.arange(0, ALIGN_B)
-    tl.store(counts_ptr + chunk * ALIGN_B + b, tl.sum((bucket[:, None] == b[None, :]).to(tl.int32), axis=0))
+    tl.store(counts_ptr + chunk * ALIGN_B + b, tl.zeros([ALIGN_B], tl.int32))
+    tl.debug_barrier()  # the zeros before the counts, whichever threads store them
+    tl.store(counts_ptr + chunk * ALIGN_B + bucket, rank + 1, mask=last)
 
 
 @triton.jit

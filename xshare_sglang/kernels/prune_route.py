@@ -635,7 +635,7 @@ def prune_route(
 def check_alignment(call: RoutingCall, alignment: TokenAlignment) -> None:
     """Raise ``ValueError`` unless ``alignment``'s buffers and scratch fit the call."""
     num_tokens, num_experts = call.logits.shape
-    alignment.check(torch.empty(num_tokens, call.top_k, device=call.device))
+    alignment.check(num_tokens * call.top_k, call.device)
     if not 1 <= alignment.num_local <= MAX_EXPERTS or not 1 <= alignment.block_m <= 1024:
         raise ValueError(f"alignment: num_local in [1, {MAX_EXPERTS}] and block_m in [1, 1024] (kernel limits)")
     words = alignment_scratch_size(num_tokens, call.top_k, num_experts, alignment.num_local)

@@ -85,10 +85,9 @@ class TokenAlignment:
             torch.empty(num_local + 2, **kw),
         )
 
-    def check(self, ids: torch.Tensor) -> None:
-        """Raise ``ValueError`` unless the buffers fit the slots of ``ids`` [T, top_k] on its device."""
-        numel = ids.numel()
-        length = aligned_length(numel, self.block_m, self.num_local)
+    def check(self, num_slots: int, device: torch.device) -> None:
+        """Raise ``ValueError`` unless the buffers fit ``num_slots`` (T x top_k) slots routed on ``device``."""
+        length = aligned_length(num_slots, self.block_m, self.num_local)
         wanted = {
             "sorted_ids": (self.sorted_ids, length),
             "expert_ids": (self.expert_ids, -(-length // self.block_m)),
@@ -97,8 +96,8 @@ class TokenAlignment:
         for name, (tensor, size) in wanted.items():
             if tensor.dtype != torch.int32 or tensor.dim() != 1 or tensor.numel() < size or not tensor.is_contiguous():
                 raise ValueError(f"alignment.{name} must be a contiguous int32 vector of at least {size} entries")
-            if tensor.device != ids.device:
-                raise ValueError(f"alignment.{name} is on {tensor.device}, the routing on {ids.device}")
+            if tensor.device != device:
+                raise ValueError(f"alignment.{name} is on {tensor.device}, the routing on {device}")
 
     def used(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sorted_ids, expert_ids, bounds) cut to the places in use (reads ``bounds`` on the host)."""
@@ -140,7 +139,7 @@ def align_reference(ids: torch.Tensor, block_m: int, num_local: int, expert_offs
 
 def write_alignment(ids: torch.Tensor, alignment: TokenAlignment) -> None:
     """Write the reference layout of ``ids`` into ``alignment``'s buffers (the CPU path)."""
-    alignment.check(ids)
+    alignment.check(ids.numel(), ids.device)
     a = alignment
     sorted_ids, expert_ids, bounds = align_reference(ids, a.block_m, a.num_local, a.expert_offset)
     device = alignment.sorted_ids.device

@@ -20,6 +20,7 @@ the same either way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -164,9 +165,9 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
     (E=128: ``none`` 3.5 against 5.2 us, xshare 11.3 against 14.3).
     """
     block_experts = max(16, _next_pow2(num_experts))
-    tile_rows = max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // block_experts))
+    tile = tile_rows(num_experts)
     # a request's rows are read in tiles of at most D rows (a request shorter than D is padding)
-    chunk = min(tile_rows, _next_pow2(tokens_per_request)) if per_request else tile_rows
+    chunk = min(tile, _next_pow2(tokens_per_request)) if per_request else tile
     rows = max(num_tokens, 1)
     if per_request:
         num_requests = max(1, -(-num_tokens // tokens_per_request))
@@ -175,18 +176,18 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
         rows_per_program = requests_per_program * tokens_per_request
         rows_per_request = tokens_per_request
     else:
-        rows_per_program = max(tile_rows, -(-rows // MAX_PARTS))
-        rows_per_program = -(-rows_per_program // tile_rows) * tile_rows
+        rows_per_program = max(tile, -(-rows // MAX_PARTS))
+        rows_per_program = -(-rows_per_program // tile) * tile
         num_parts = max(1, -(-num_tokens // rows_per_program))
     if num_parts == 1:
-        tile_rows = min(tile_rows, _next_pow2(rows))
+        tile = min(tile, _next_pow2(rows))
         if not per_request:
-            chunk = tile_rows
-            rows_per_program = -(-rows // tile_rows) * tile_rows
+            chunk = tile
+            rows_per_program = -(-rows // tile) * tile
     if not per_request:
         rows_per_request = rows_per_program
-    route_programs = 0 if num_parts == 1 else -(-num_tokens // tile_rows)
-    return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile_rows, route_programs)
+    route_programs = 0 if num_parts == 1 else -(-num_tokens // tile)
+    return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile, route_programs)
 
 
 def tile_rows(num_experts: int) -> int:
@@ -194,11 +195,16 @@ def tile_rows(num_experts: int) -> int:
     return max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // max(16, _next_pow2(num_experts))))
 
 
+def alignment_width(num_local: int) -> int:
+    """Buckets of one routing tile's counts: the local experts and the skipped bucket, to a power of two."""
+    return _next_pow2(num_local + 1)
+
+
 def alignment_scratch_size(num_tokens: int, top_k: int, num_experts: int, num_local: int) -> int:
     """int32 words of scratch the kernels need to align ``num_tokens`` x ``top_k`` slots: one count per
     (routing tile, bucket) and one rank per slot."""
     tiles = max(1, -(-num_tokens // tile_rows(num_experts)))
-    return tiles * _next_pow2(num_local + 1) + num_tokens * top_k
+    return tiles * alignment_width(num_local) + num_tokens * top_k
 
 
 def token_alignment(
@@ -230,15 +236,7 @@ def token_alignment(
         raise ValueError(f"block_m must be in [1, 1024], got {block_m}")
     out = TokenAlignment.empty(num_tokens, top_k, block_m, num_local, expert_offset, device)
     words = alignment_scratch_size(num_tokens, top_k, num_experts, num_local)
-    return TokenAlignment(
-        out.block_m,
-        out.num_local,
-        out.expert_offset,
-        out.sorted_ids,
-        out.expert_ids,
-        out.bounds,
-        scratch=torch.empty(words, dtype=torch.int32, device=device),
-    )
+    return dataclasses.replace(out, scratch=torch.empty(words, dtype=torch.int32, device=device))
 
 
 class SelectionWorkspace:
@@ -429,7 +427,7 @@ def _launch(
     # the routed slots sorted by expert, written by the launches that route (see _prune_route.align_finish)
     align = alignment is not None
     if align:
-        align_b = _next_pow2(alignment.num_local + 1)
+        align_b = alignment_width(alignment.num_local)
         tiles = max(1, -(-num_tokens // plan.route_rows))
         ranks_at = tiles * align_b
         scratch = alignment.scratch

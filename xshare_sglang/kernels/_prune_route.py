@@ -232,6 +232,21 @@ def key_value(key):
 
 
 @triton.jit
+def key_logit(key, KEY_SHIFT: tl.constexpr):
+    """The float32 value packed into a key by :func:`pack_key`, exactly (a sanitized +inf gives
+    ``FP32_MAX`` back).  At ``KEY_SHIFT`` > 0 the dropped low bits of the ordered bits are zero for
+    a non-negative value and ones for a negative one, whose bits are then the shifted high part
+    xor the shifted flip mask."""
+    if KEY_SHIFT == 0:
+        return key_value(key)
+    else:
+        high = key >> ID_BITS
+        bits = tl.where(high >= 0, high, high ^ (0x7FFFFFFF >> KEY_SHIFT)) << KEY_SHIFT
+        value = bits.to(tl.float32, bitcast=True)
+        return tl.where(value == float("inf"), FP32_MAX, value)
+
+
+@triton.jit
 def floor_div(num, den):
     """Exact ``num // den`` for int64 ``0 <= num < 2**55`` and ``0 < den < 2**53`` (broadcast), without
     an int64 division: a float64 quotient is within 2**-28 of the true one (both operands exact in
@@ -683,32 +698,48 @@ def route_block(
                 flag = tl.sum(tl.where(g_col[None, :] == g, chosen_groups, 0), axis=1)
                 in_chosen = tl.where((group_of == g)[None, :] & (flag[:, None] != 0), 1, in_chosen)
         key = tl.where(in_chosen != 0, key, lowest)
-    # raw weights: softmax terms over the candidates, or sigmoids
+    # the top_k rounds take only the row maxima: one reduction per pick.  Each pick's expert, weight
+    # and kept flag are read off after the rounds with one gather per row (not one sum per pick)
+    slot = tl.arange(0, BLOCK_K)
+    pick_key = tl.zeros([x.shape[0], BLOCK_K], key.dtype) + lowest
+    best = tl.zeros([x.shape[0]], key.dtype) + lowest
+    work = key
+    for i in range(0, top_k):
+        best = tl.max(work, axis=1)
+        pick_key = tl.where(slot[None, :] == i, best[:, None], pick_key)
+        work = tl.where(work == best[:, None], lowest, work)
+    got = pick_key > lowest
+    pick_e = tl.where(got, key_expert(pick_key), 0)
+    # keys are distinct within a row, so the picks are the candidates at or above the last pick's key
+    # (every candidate when the row had fewer than top_k)
+    picked = ((key > lowest) & (key >= best[:, None])).to(tl.int32)
+    if TRUNCATION:
+        kept_pick = got & (tl.gather(tl.broadcast_to(keep[None, :], x.shape).to(tl.int32), pick_e, 1) != 0)
+        picked = tl.where(keep[None, :], picked, 0)
+    else:
+        kept_pick = got
+    ids = tl.where(kept_pick, pick_e, -1)
+    # the picks' logits: read back from their keys, or (keys of biased scores) from memory
+    if HAS_BIAS:
+        x_pick = tl.load(
+            logits_ptr + rows.to(tl.int64)[:, None] * stride_t + pick_e * stride_e,
+            mask=got & rows_in_block[:, None],
+            other=float("-inf"),
+        ).to(tl.float32)
+        x_pick = tl.where(x_pick == float("inf"), FP32_MAX, x_pick)
+    else:
+        x_pick = key_logit(pick_key, KEY_SHIFT)
+    # raw weights of the picks: softmax terms over the candidates, or sigmoids
     if SIGMOID:
-        raw = 1.0 / (1.0 + tl.exp(-x))
+        wts = 1.0 / (1.0 + tl.exp(-x_pick))
         denominator = tl.zeros([x.shape[0]], tl.float32) + 1.0
     else:
         top = tl.max(tl.where(candidates, x, float("-inf")), axis=1)
         top = tl.where(top > float("-inf"), top, 0.0)
-        raw = tl.where(candidates, tl.exp(x - top[:, None]), 0.0)
-        denominator = tl.sum(raw, axis=1)
-    slot = tl.arange(0, BLOCK_K)
-    ids = tl.zeros([x.shape[0], BLOCK_K], tl.int32) - 1
-    wts = tl.zeros([x.shape[0], BLOCK_K], tl.float32)
-    picked = tl.zeros(x.shape, tl.int32)
-    for i in range(0, top_k):
-        best = tl.max(key, axis=1)
-        chosen = (key == best[:, None]) & (best[:, None] > lowest)
-        got = best > lowest
-        w_i = tl.sum(tl.where(chosen, raw, 0.0), axis=1)
-        if TRUNCATION:
-            kept_pick = tl.sum(tl.where(chosen & keep[None, :], 1, 0), axis=1) != 0
-        else:
-            kept_pick = got
-        ids = tl.where((slot[None, :] == i) & kept_pick[:, None], key_expert(best)[:, None], ids)
-        wts = tl.where((slot[None, :] == i) & got[:, None], w_i[:, None], wts)
-        picked = tl.where(chosen & (kept_pick[:, None]), 1, picked)
-        key = tl.where(chosen, lowest, key)
+        wts = tl.exp(x_pick - top[:, None])
+        if not RENORMALIZE:
+            denominator = tl.sum(tl.where(candidates, tl.exp(x - top[:, None]), 0.0), axis=1)
+    wts = tl.where(got, wts, 0.0)
     if RENORMALIZE:
         denominator = tl.sum(wts, axis=1)
     # routing weights: a plain (approximate) division, within the stated tolerance of the reference

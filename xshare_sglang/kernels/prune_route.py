@@ -80,18 +80,36 @@ def _is_pow2(n: int) -> bool:
 
 
 def kernel_warps(block_experts: int, plan: LaunchPlan, policy: str, align: bool = False) -> int:
-    """Warps per program of every kernel of one call.
+    """Warps per program of the selection (and, in a one-program call, its routing).
 
-    Four warps (eight for E > 128) hold a tile of rows.  A one-row call of policy ``none`` (the fused
-    top-k alone) takes a quarter of that: on an H200 the E=128 top-8 took 2.5 us with one warp and 3.3
-    with four, while any set rule ran slower on fewer warps (xshare 9.0 us with one warp, 6.4 with four).
-    Not when the call also aligns its slots: one warp then spills (about 2 KB of local memory per
-    thread for the slot-by-slot and slot-by-expert comparisons, Triton 3.6, sm_90).
+    Four warps (eight from 256 experts) hold a tile of rows.  A one-program call of policy ``none``
+    (the fused top-k alone, no set rule) takes one warp per row, as the routing kernel does (see
+    :func:`route_warps`): on an H200 the E=128 top-8 at T=1 took 2.5 us with one warp and 3.3 with four,
+    while any set rule ran slower on fewer warps (xshare 9.0 us with one warp, 6.4 with four).  Not
+    fewer than four when the call also aligns its slots: one warp then spilled (about 2 KB of local
+    memory per thread for the slot comparisons, Triton 3.6, sm_90).
     """
-    warps = 8 if block_experts >= 256 else 4
-    if policy == "none" and plan.single and plan.route_rows == 1 and not align:
-        warps //= 4
-    return warps
+    if policy == "none" and plan.single:
+        return max(route_warps(block_experts, plan), 4) if align else route_warps(block_experts, plan)
+    return tile_warps(block_experts)
+
+
+def route_warps(block_experts: int, plan: LaunchPlan) -> int:
+    """Warps per program that route a tile of rows: one per row.
+
+    A row that fills a warp's 32 lanes takes each of its top-k maxima of int32 keys (16-bit logits)
+    with one warp-wide ``REDUX`` instruction on sm_90, where two rows per warp (16 lanes each) need
+    four shuffle-and-max steps, and a row over two warps a barrier per pick: the routing loop of
+    E=128 at T=32 compiles to 23 instructions per pick instead of 40, 0 shuffles instead of 4
+    (Triton 3.6).  Above 256 experts a row takes one warp per 256 (a warp per row would hold 16 or
+    more logits per thread).
+    """
+    return plan.route_rows * max(1, block_experts // 256)
+
+
+def tile_warps(block_experts: int) -> int:
+    """Four warps hold a tile of rows, eight from 256 experts."""
+    return 8 if block_experts >= 256 else 4
 
 
 def per_request_policy(cfg: PrunerConfig) -> bool:
@@ -459,7 +477,11 @@ def _launch(
         ws.counters.zero_()
     if route and not plan.single:
         route_args = dict(
-            HAS_METRICS=has_metrics, CHUNK_T=plan.route_rows, KEY_SHIFT=route_key_shift, **align_kw, **common
+            HAS_METRICS=has_metrics,
+            CHUNK_T=plan.route_rows,
+            KEY_SHIFT=route_key_shift,
+            **align_kw,
+            **(common | dict(num_warps=route_warps(block_e, plan))),
         )
     if route_only:
         jit.route_kernel[(plan.route_programs,)](

@@ -15,7 +15,11 @@ run and inside CUDA graphs (``_bench_common.time_graph``: median of graph replay
   closer stand-in for a fused CUDA top-k;
 * ``layer_us``: the pruned layer, ``prune_route`` then the fused MoE of ``bench_moe_layer.py``
   (SGLang's Triton fused-MoE kernel when its source is found, else ``torch._grouped_mm``);
-* ``share`` = ``selection_us / layer_us`` (goal: at most 3% for T <= 256, then 1%).
+* ``share`` = ``selection_us / layer_us`` (goal: at most 3% for T <= 256, then 1%);
+* with ``--pdl`` (a GPU of compute capability 9.0+): ``selection_pdl_us`` and ``none_pdl_us``, the same
+  calls launched as programmatic dependents (``prune_route(..., enable_pdl=True)``), and
+  ``pdl_equal``: their ids, weights and mask equal the plain launch's bit for bit, eagerly and in
+  CUDA-graph replays of every rotated input (part of the row's check).
 
 Every row is first checked on one of its inputs: the kernel's keep mask and ids equal the torch
 reference (``policies.prune_route.prune_route``) exactly, the weights within 2e-6 + 2e-5 relative;
@@ -265,7 +269,7 @@ class SelectionCase:
             for logits in self.case.logits
         ]
 
-    def select(self, cfg: PrunerConfig, j: int):
+    def select(self, cfg: PrunerConfig, j: int, pdl: bool = False):
         return prune_route(
             self.calls[j % len(self.calls)],
             cfg,
@@ -273,6 +277,7 @@ class SelectionCase:
             ids_out=self.ids,
             weights_out=self.weights,
             workspace=self.workspace,
+            enable_pdl=pdl,
         )
 
     def topk(self, j: int):
@@ -313,6 +318,27 @@ class SelectionCase:
         }
 
 
+def pdl_equal(sel: SelectionCase, cfg: PrunerConfig) -> bool:
+    """The call launched as programmatic dependents gives the same ids, mask and weights, bit for bit,
+    in a CUDA graph replayed over every rotated input (each replay against the plain launch)."""
+    for j in range(len(sel.calls)):
+        plain = [t.clone() for t in sel.select(cfg, j)]
+        eager = sel.select(cfg, j, pdl=True)  # compiles the dependent-launch kernels outside the capture
+        sync()
+        if not all(torch.equal(a, b) for a, b in zip(plain, eager, strict=True)):
+            return False
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            sel.select(cfg, j, pdl=True)
+        for _ in range(2):
+            sel.ids.fill_(-7)
+            graph.replay()
+            sync()
+            if not all(torch.equal(a, b) for a, b in zip(plain, (sel.ids, sel.weights, sel.keep), strict=True)):
+                return False
+    return True
+
+
 def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, args) -> dict:
     check = sel.check(cfg)
     launches, kernels = count_launches(lambda: sel.select(cfg, 1))
@@ -321,6 +347,13 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
     selection_us = time_graph(lambda i: sel.select(cfg, i), args.calls, args.replays)
     none_us = time_graph(lambda i: sel.select(none, i), args.calls, args.replays)
     layer_us = time_graph(lambda i: sel.layer(cfg, i), args.calls, args.replays)
+    pdl = {}
+    if args.pdl:
+        pdl = {
+            "selection_pdl_us": round(time_graph(lambda i: sel.select(cfg, i, pdl=True), args.calls, args.replays), 2),
+            "none_pdl_us": round(time_graph(lambda i: sel.select(none, i, pdl=True), args.calls, args.replays), 2),
+            "pdl_equal": pdl_equal(sel, cfg),
+        }
     tokens = sel.case.tokens
     plan = plan_launch(tokens, sel.model.shape.num_experts, sel.case.tokens_per_request, per_request_policy(cfg))
     share = selection_us / layer_us
@@ -330,6 +363,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         and check["weights_close"]
         and check["eager_alloc_bytes"] == 0
         and tuple(kernels) == plan.kernels(cfg.policy)
+        and pdl.get("pdl_equal", True)
     )
     return {
         "model": sel.model.name,
@@ -354,12 +388,14 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         "weights_close": check["weights_close"],
         "weight_max_err": check["weight_max_err"],
         "eager_alloc_bytes": check["eager_alloc_bytes"],
+        **pdl,
         "checks_ok": bool(checks_ok),
     }
 
 
 # --------------------------------------------------------------------------------------------- report
 def md_table(rows: list[dict], meta: dict) -> str:
+    pdl = any("selection_pdl_us" in r for r in rows)
     lines = [
         "# Selection per MoE layer call",
         "",
@@ -371,8 +407,8 @@ def md_table(rows: list[dict], meta: dict) -> str:
         "for T <= 256, then 1%).",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
-        "checks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "checks |" + (" pdl sel us | pdl none us |" if pdl else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pdl else ""),
     ]
     for r in rows:
         mark = "" if r["goal_met"] is None else (" ✓" if r["goal_met"] else " ✗")
@@ -381,6 +417,7 @@ def md_table(rows: list[dict], meta: dict) -> str:
             f"| {r['model']} | {r['T']} | {r['D']} | {r['policy']} | {r['kept']} | {r['launches']} | {kernels} | "
             f"{r['selection_us']:.1f} | {r['none_us']:.1f} | {r['topk_us']:.1f} | {r['layer_us']:.1f} | "
             f"{100 * r['share']:.1f}%{mark} | {'ok' if r['checks_ok'] else 'FAIL'} |"
+            + (f" {r['selection_pdl_us']:.1f} | {r['none_pdl_us']:.1f} |" if pdl else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -397,6 +434,12 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODEL_ROUTERS), help=f"subset of {', '.join(MODEL_ROUTERS)}")
     parser.add_argument("--tokens", default="1,8,32,64,128,256,512", help="token counts T")
     parser.add_argument("--policies", default="all", help="comma-separated subset of the policies, or all")
+    parser.add_argument(
+        "--pdl",
+        action="store_true",
+        help="also time every call launched as programmatic dependents (prune_route's enable_pdl, sm_90+) "
+        "and check it equals the plain launch in CUDA graphs",
+    )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
     t0 = time.monotonic()
@@ -415,6 +458,9 @@ def main() -> int:
         dtype = torch.float16  # bf16 tl.dot is wrong under the interpreter (see bench_moe_layer.py)
     elif not cuda:
         print("bench_selection.py needs a CUDA device (or --smoke with TRITON_INTERPRET=1)", file=sys.stderr)
+        return 2
+    if args.pdl and not cuda:
+        print("--pdl needs a CUDA device of compute capability 9.0 or newer", file=sys.stderr)
         return 2
     else:
         dtype = torch.bfloat16

@@ -7,6 +7,8 @@
 #   1. tests      the gpu-marked tests (kernels in CUDA graphs, the torch reference without host syncs,
 #                 ECHO) and the kernel tests that run natively on a GPU (tickets, devices, streams)
 #   2. selection  scripts/bench_selection.py: selection cost per policy, T and router
+#   2b. pdl       scripts/bench_selection.py --pdl on a subset: the same calls launched as programmatic
+#                 dependents, timed and checked bit for bit in CUDA graphs (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -28,7 +30,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,moe_layer,kernel_routing,guard
+only=tests,selection,pdl,moe_layer,kernel_routing,guard
 budget=520
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -96,11 +98,19 @@ if wanted tests; then
     keep "$work/gpu_tests.xml"
 fi
 if wanted selection; then
-    seconds=$(box 40)
+    seconds=$(box 35)
     stage selection "$seconds" python3 scripts/bench_selection.py --tokens 1,8,32,64,128,256,512 \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/selection" "${sgl_args[@]}"
     keep "$work/selection/selection.md" "$work/selection/selection.csv"
+fi
+if wanted pdl; then
+    seconds=$(box 8)
+    stage pdl "$seconds" python3 scripts/bench_selection.py --pdl --models qwen3-30b-a3b,deepseek-v3 \
+        --tokens 1,32,512 --policies xshare,moe-spec,lynx \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/pdl" "${sgl_args[@]}"
+    [ -f "$work/pdl/selection.md" ] && cat "$work/pdl/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
     seconds=$(box 20)

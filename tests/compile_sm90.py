@@ -4,7 +4,8 @@
 Run as ``python -m tests.compile_sm90 CASES_JSON`` with ``TRITON_INTERPRET`` unset;
 ``tests/test_kernels_ptx.py`` does.  Each case is a dict with ``tokens``, ``experts``, ``policy``,
 ``router`` (softmax, sigmoid, grouped, biased), ``top_k``, ``fill``, ``metrics`` and optionally
-``align`` (a block size: the routed slots also sorted by expert, for half the experts); the output is one
+``align`` (a block size: the routed slots also sorted by expert, for half the experts) and ``pdl``
+(launched as programmatic dependents); the output is one
 JSON list, per case ``{kernel: {ptx op: count}}`` or ``{"error": message}``.  With ``PYTHONPATH``
 naming another Triton install first, the same cases compile with that Triton (the GPU machine's
 Triton 3.6 crashed on some that SGLang's 3.8 compiles).
@@ -60,6 +61,8 @@ def compile_case(case: dict) -> dict:
     if case.get("align"):
         tokens, experts = case["tokens"], case["experts"]
         extra["alignment"] = token_alignment(tokens, case["top_k"], experts, case["align"], experts // 2, experts // 4)
+    if case.get("pdl"):
+        extra["enable_pdl"] = True
     launches = capture_launches(call, _config(case["policy"]), fill_dropped=case["fill"], metrics_row=metrics, **extra)
     out = {}
     for name, (_, args, kwargs) in launches.items():

@@ -77,7 +77,28 @@ def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
     [(32, 128, torch.bfloat16), (128, 128, torch.bfloat16), (64, 160, torch.float32), (512, 256, torch.float16)],
 )
 def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_path) -> None:
-    cfg = _config(policy, tmp_path, num_experts)
+    _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+    reason="programmatic dependent launch needs compute capability 9.0+",
+)
+@pytest.mark.parametrize("policy", ["none", "xshare", "moe-spec", "lynx", "xshare-spec"])
+@pytest.mark.parametrize(
+    ("num_tokens", "num_experts", "dtype"),
+    # one program; the routing kernel after the selection; LYNX's picks between them
+    [(1, 128, torch.bfloat16), (32, 128, torch.bfloat16), (512, 256, torch.float32)],
+)
+def test_dependent_launches_replay_like_the_reference(policy, num_tokens, num_experts, dtype, tmp_path) -> None:
+    """``enable_pdl``: every kernel waits for the one before it on the device, and the selection lets
+    the routing launch early; two calls back to back in one graph, every replay the reference's."""
+    _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype, enable_pdl=True)
+
+
+def _check_replays(cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, enable_pdl: bool = False) -> None:
+    """Capture a layer call once (twice in a row with ``enable_pdl``: the second call's launches
+    depend on the first's), replay with new logits and real-token counts, compare with the reference."""
     top_k, d = 8, 4
     ranks = (torch.arange(num_experts) // (-(-num_experts // 8))).cuda()
     logits = torch.empty(num_tokens, num_experts, device="cuda", dtype=dtype)
@@ -94,9 +115,18 @@ def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_pa
     call = RoutingCall(logits, router, num_valid_tokens=num_valid, **fields)
 
     def step() -> None:
-        prune_route(
-            call, cfg, keep_out=keep, ids_out=ids, weights_out=weights, metrics_row=metrics, workspace=workspace
-        )
+        for _ in range(2 if enable_pdl else 1):
+            metrics.zero_()
+            prune_route(
+                call,
+                cfg,
+                keep_out=keep,
+                ids_out=ids,
+                weights_out=weights,
+                metrics_row=metrics,
+                workspace=workspace,
+                enable_pdl=enable_pdl,
+            )
 
     logits.copy_(make_logits(num_tokens, num_experts, "normal", seed=0).to(dtype))
     _warm_up(step)

@@ -120,3 +120,23 @@ def test_loop_bodies_count_one_trip_of_each_loop() -> None:
         LoopBody(instructions=5, barriers=1, shuffles=1, global_loads=1),
     ]
     assert str(loop_bodies(sass)[1]) == "5/1/1/1"
+
+
+@pytest.mark.fused_selection
+def test_dependent_launches_wait_before_touching_memory() -> None:
+    """``enable_pdl``: every kernel's first global memory access comes after its grid dependency wait;
+    the selection (and LYNX's pick kernel) let the next kernel of the call launch early, the routing
+    kernel (the call's last, followed by SGLang's kernels) and a one-program call do not; without
+    ``enable_pdl`` no kernel holds grid dependency control."""
+    cases = [_case(64, pdl=True), _case(64, "lynx", pdl=True), _case(7, pdl=True), _case(64), _case(7, "lynx")]
+    multi, lynx, single, plain_multi, plain_single = _compile(cases)
+    wait, trigger = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
+    assert set(multi) == {"select_kernel", "route_kernel"} and set(single) == {"select_kernel"}
+    assert set(lynx) == {"select_kernel", "lynx_pick_kernel", "route_kernel"}
+    for name, ops in [*multi.items(), *lynx.items(), *single.items()]:
+        assert ops[wait] >= 1 and ops["global_before_wait"] == 0, (name, ops)
+    assert multi["select_kernel"][trigger] >= 1 and multi["route_kernel"][trigger] == 0
+    assert lynx["select_kernel"][trigger] >= 1 and lynx["lynx_pick_kernel"][trigger] >= 1
+    assert lynx["route_kernel"][trigger] == 0 and single["select_kernel"][trigger] == 0
+    for name, ops in [*plain_multi.items(), *plain_single.items()]:
+        assert ops[wait] == ops[trigger] == 0, (name, ops)

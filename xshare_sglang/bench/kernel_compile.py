@@ -18,7 +18,15 @@ import re
 from dataclasses import dataclass
 
 KERNELS = ("select_kernel", "lynx_pick_kernel", "route_kernel")  # in launch order
-PTX_OPS = ("div.full.f32", "div.approx.f32", "div.approx.ftz.f32", "div.rn.f32")
+PTX_OPS = (
+    "div.full.f32",
+    "div.approx.f32",
+    "div.approx.ftz.f32",
+    "div.rn.f32",
+    "griddepcontrol.wait",
+    "griddepcontrol.launch_dependents",
+)
+GLOBAL_MEMORY_OPS = ("ld.global", "st.global", "atom.global", "red.global")
 
 
 class _Recorder:
@@ -71,9 +79,15 @@ def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):
 
 
 def ptx_counts(compiled) -> dict[str, int]:
-    """How often each division of :data:`PTX_OPS` occurs in the kernel's PTX."""
+    """How often each operation of :data:`PTX_OPS` (divisions, grid dependency control) occurs in the
+    kernel's PTX, and ``global_before_wait``: the global memory operations written before its first
+    ``griddepcontrol.wait`` (all of them when it has none)."""
     ptx = compiled.asm["ptx"]
-    return {op: ptx.count(op) for op in PTX_OPS}
+    wait = ptx.find("griddepcontrol.wait")
+    head = ptx if wait < 0 else ptx[:wait]
+    counts = {op: ptx.count(op) for op in PTX_OPS}
+    counts["global_before_wait"] = sum(head.count(op) for op in GLOBAL_MEMORY_OPS)
+    return counts
 
 
 @dataclass(frozen=True)

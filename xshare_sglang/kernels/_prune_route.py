@@ -69,6 +69,16 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   block's expert and puts every slot at start + the earlier tiles' count + its rank
   (``align_finish``).  Exact: integer sums and prefix sums taken in tile order, whatever order the
   tiles finished in, so inside a bucket the slots keep their order, as the reference's do.
+* The routing's top-k rounds took two row reductions per pick (the maximum key, then the picked
+  expert's softmax term as a sum over the row; a third, its kept flag, under truncation).  The rounds
+  now take the maxima alone.  After them the picks' logits come back from their keys (``key_logit``:
+  a key holds its value's order-preserving bits, and a 16-bit value's dropped low bits are known) or,
+  where the key ranks a biased score, from memory; the kept flags come from one ``tl.gather``, and the
+  experts routed to are those at or above the last pick's key.  Exact: the same values go through the
+  same operations, and keys are distinct within a row.  The routing kernel, and a one-program ``none``,
+  run one warp per row of their tile (``prune_route.route_warps``): an int32 maximum is then one
+  warp-wide ``REDUX`` on sm_90, and an int64 key's maximum two (the value half, then the index half
+  among the value's ties: the int64 order itself).
 * Grouped routing (DeepSeek-V3) ranked the groups in a loop over groups, three row reductions each,
   and marked the chosen groups in a second loop.  When the groups split a power-of-two E evenly it
   views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.
@@ -96,7 +106,11 @@ grid-wide barrier for the program that finishes the mask (its handoff cost what 
 did, and it needs every program resident, which Triton's interpreter cannot give), and one program
 of up to 32 rows on more warps (up to 1.8x slower: the set rule's reductions across warps grow with
 the warps).  On one tile the [E, E] order is 1.6 us at E=128 and 4.3 at E=256, the routing pass
-1.8-5 us, the scores and bookkeeping about 3-7 us.
+1.8-5 us, the scores and bookkeeping about 3-7 us.  ``enable_pdl`` (off by default, not yet timed)
+launches each kernel as a programmatic dependent of the one before it: every program first waits on
+the device for its predecessor (``gdc_wait``, before any global memory access), and the selection
+kernel lets its follower launch as it starts (``gdc_launch_dependents``), so the routing kernel's
+launch overlaps the selection rather than following it.
 
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
 aggregates and thresholds, and every division that feeds a mask or a metric correctly rounded with
@@ -110,6 +124,7 @@ lower index.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 FP32_MAX = tl.constexpr(3.4028234663852886e38)
 MIN_KEY = tl.constexpr(-(2**62))  # below every packed int64 key
@@ -637,8 +652,13 @@ def route_block(
     BLOCK_G: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
+    ROW_WARPS: tl.constexpr,
 ):
-    """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to."""
+    """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to.
+
+    ``ROW_WARPS``: one warp holds each row of the block (as many warps as rows), where a maximum of
+    int32 values is one warp-wide instruction; int64 keys then take each pick as two int32 maxima
+    (the value half, then the index half among its ties) rather than one int64 shuffle tree."""
     x, _, _ = load_rows(logits_ptr, stride_t, stride_e, rows, rows_in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS)
     finite = (x > float("-inf")) & e_ok[None, :]
     if TRUNCATION:
@@ -703,11 +723,23 @@ def route_block(
     slot = tl.arange(0, BLOCK_K)
     pick_key = tl.zeros([x.shape[0], BLOCK_K], key.dtype) + lowest
     best = tl.zeros([x.shape[0]], key.dtype) + lowest
-    work = key
-    for i in range(0, top_k):
-        best = tl.max(work, axis=1)
-        pick_key = tl.where(slot[None, :] == i, best[:, None], pick_key)
-        work = tl.where(work == best[:, None], lowest, work)
+    if KEY_SHIFT == 0 and ROW_WARPS:
+        # (value bits, inverted index) halves of the int64 keys; candidates' value bits are above
+        # MIN_KEY32 (ordered bits of finite values), and the index half is distinct within a row
+        high = tl.where(key > lowest, (key >> ID_BITS).to(tl.int32), MIN_KEY32)
+        low = (key & ID_MASK).to(tl.int32)
+        for i in range(0, top_k):
+            best_high = tl.max(high, axis=1)
+            best_low = tl.max(tl.where(high == best_high[:, None], low, -1), axis=1)
+            best = tl.where(best_high > MIN_KEY32, (best_high.to(tl.int64) << ID_BITS) | best_low, lowest)
+            pick_key = tl.where(slot[None, :] == i, best[:, None], pick_key)
+            high = tl.where(low == best_low[:, None], MIN_KEY32, high)
+    else:
+        work = key
+        for i in range(0, top_k):
+            best = tl.max(work, axis=1)
+            pick_key = tl.where(slot[None, :] == i, best[:, None], pick_key)
+            work = tl.where(work == best[:, None], lowest, work)
     got = pick_key > lowest
     pick_e = tl.where(got, key_expert(pick_key), 0)
     # keys are distinct within a row, so the picks are the candidates at or above the last pick's key
@@ -719,14 +751,14 @@ def route_block(
     else:
         kept_pick = got
     ids = tl.where(kept_pick, pick_e, -1)
-    # the picks' logits: read back from their keys, or (keys of biased scores) from memory
+    # the picks' logits: read back from their keys, or (keys of biased scores) from memory.  A bias
+    # implies sigmoid scoring, whose weight of a raw +inf equals that of its sanitized FP32_MAX (1.0)
     if HAS_BIAS:
         x_pick = tl.load(
             logits_ptr + rows.to(tl.int64)[:, None] * stride_t + pick_e * stride_e,
             mask=got & rows_in_block[:, None],
             other=float("-inf"),
         ).to(tl.float32)
-        x_pick = tl.where(x_pick == float("inf"), FP32_MAX, x_pick)
     else:
         x_pick = key_logit(pick_key, KEY_SHIFT)
     # raw weights of the picks: softmax terms over the candidates, or sigmoids
@@ -1036,7 +1068,14 @@ def select_kernel(
     ALIGN: tl.constexpr,
     ALIGN_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    ROW_WARPS: tl.constexpr,
+    PDL: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # launched as a programmatic dependent: the kernel before has finished, its writes seen
+    if PDL_TRIGGER:
+        gdc_launch_dependents()  # the call's next kernel may launch now; it waits for this one to finish
     pid = tl.program_id(0)
     num_parts = tl.num_programs(0)
     e = tl.arange(0, BLOCK_E)
@@ -1350,6 +1389,7 @@ def select_kernel(
                     BLOCK_G,
                     GROUP_SIZE,
                     ROUTE_KEY_SHIFT,
+                    ROW_WARPS,
                 )
                 used = tl.maximum(used, block_used)
                 if ALIGN:
@@ -1426,10 +1466,16 @@ def lynx_pick_kernel(
     KEY_SHIFT: tl.constexpr,
     BLOCK_E: tl.constexpr,
     CHUNK_T: tl.constexpr,
+    PDL: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):
     """LYNX on more than one program: each program takes the picks of its CHUNK_T rows (the s-ranks
     come from the selection kernel's last program), marks them, and the last program finishes the
     mask.  The serial work per program is one tile, whatever T."""
+    if PDL:
+        gdc_wait()
+    if PDL_TRIGGER:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < num_experts
@@ -1534,7 +1580,11 @@ def route_kernel(
     ALIGN: tl.constexpr,
     ALIGN_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    ROW_WARPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < num_experts
@@ -1586,6 +1636,7 @@ def route_kernel(
         BLOCK_G,
         GROUP_SIZE,
         KEY_SHIFT,
+        ROW_WARPS,
     )
     if ALIGN:
         tl.debug_barrier()  # the tile's ids, stored by every thread, read back by any

@@ -21,6 +21,7 @@ the same either way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -86,11 +87,11 @@ def kernel_warps(block_experts: int, plan: LaunchPlan, policy: str, align: bool 
     (the fused top-k alone, no set rule) takes one warp per row, as the routing kernel does (see
     :func:`route_warps`): on an H200 the E=128 top-8 at T=1 took 2.5 us with one warp and 3.3 with four,
     while any set rule ran slower on fewer warps (xshare 9.0 us with one warp, 6.4 with four).  Not
-    fewer than four when the call also aligns its slots: one warp then spilled (about 2 KB of local
-    memory per thread for the slot comparisons, Triton 3.6, sm_90).
+    when the call also aligns its slots: one warp then spilled about 2 KB of local memory per thread
+    for the slot comparisons, four at E=256 416 bytes (Triton 3.6, sm_90).
     """
-    if policy == "none" and plan.single:
-        return max(route_warps(block_experts, plan), 4) if align else route_warps(block_experts, plan)
+    if policy == "none" and plan.single and not align:
+        return route_warps(block_experts, plan)
     return tile_warps(block_experts)
 
 
@@ -372,6 +373,7 @@ def _launch(
     metrics_row: torch.Tensor | None = None,
     stats_out: torch.Tensor | None = None,
     alignment: TokenAlignment | None = None,
+    enable_pdl: bool = False,
 ) -> None:
     from . import _prune_route as jit  # imports triton
 
@@ -420,6 +422,9 @@ def _launch(
         else 0,
         num_warps=kernel_warps(block_e, plan, cfg.policy, alignment is not None),
         enable_fp_fusion=False,
+        # each launch waits for the kernel before it (griddepcontrol.wait) before touching memory
+        PDL=enable_pdl,
+        launch_pdl=enable_pdl,
     )
     # int32 order keys when the logits are 16-bit floats (exact: see _prune_route.pack_key); the
     # routing ranks sigmoid + bias, a float32 value, when biased
@@ -480,6 +485,7 @@ def _launch(
             HAS_METRICS=has_metrics,
             CHUNK_T=plan.route_rows,
             KEY_SHIFT=route_key_shift,
+            ROW_WARPS=route_warps(block_e, plan) == plan.route_rows,
             **align_kw,
             **(common | dict(num_warps=route_warps(block_e, plan))),
         )
@@ -546,6 +552,9 @@ def _launch(
         ALIGN=align and plan.single,
         ALIGN_B=align_kw["ALIGN_B"],
         BLOCK_M=align_kw["BLOCK_M"],
+        ROW_WARPS=common["num_warps"] == plan.route_rows,
+        # let this call's next kernel (routing or LYNX picks) launch early and wait on the device
+        PDL_TRIGGER=enable_pdl and not plan.single and (route or lynx),
         **common,
     )
     if lynx and not plan.single:
@@ -574,8 +583,11 @@ def _launch(
             KEY_SHIFT=key_shift,
             BLOCK_E=block_e,
             CHUNK_T=plan.route_rows,
+            PDL=enable_pdl,
+            PDL_TRIGGER=enable_pdl and route,
             num_warps=common["num_warps"],
             enable_fp_fusion=False,
+            launch_pdl=enable_pdl,
         )
     if route and not plan.single:
         jit.route_kernel[(plan.route_programs,)](
@@ -602,6 +614,7 @@ def prune_route(
     metrics_row: torch.Tensor | None = None,
     alignment: TokenAlignment | None = None,
     workspace: SelectionWorkspace | None = None,
+    enable_pdl: bool = False,
 ) -> PrunedRouting:
     """Keep mask and routing of one MoE layer call, on the device, in one or two launches.
 
@@ -611,6 +624,14 @@ def prune_route(
     launches: the routing program of one tile (or the single program) counts and ranks its slots
     per expert, and the last one places them all.
 
+    ``enable_pdl`` launches every kernel of the call as a programmatic dependent of the kernel
+    before it in the stream (Hopper and newer; a ``ValueError`` on an older GPU): each program waits
+    for that kernel to finish (``griddepcontrol.wait``) before it reads or writes memory, and a
+    selection kernel that another kernel of the call follows lets it launch at once, so the
+    follower's launch overlaps the selection.  Inside a CUDA graph the launches become programmatic
+    edges.  The results are the same; whether it is faster is measured by ``bench_selection.py
+    --pdl``.  Off by default.  No effect under Triton's interpreter (which runs no PTX).
+
     Returns
     -------
     PrunedRouting
@@ -619,6 +640,8 @@ def prune_route(
     check_outputs(call, keep_out, ids_out, weights_out, metrics_row)
     if alignment is not None:
         check_alignment(call, alignment)
+    if enable_pdl:
+        check_pdl(call.device)
     outputs = dict(keep_out=keep_out, ids_out=ids_out, weights_out=weights_out, metrics_row=metrics_row)
     reason = unsupported_reason(call, cfg)
     if reason is not None:
@@ -648,8 +671,28 @@ def prune_route(
         metrics_row=metrics_row,
         workspace=workspace,
         alignment=alignment,
+        # not under the interpreter, which runs no PTX (read from the environment itself: the
+        # compile-only capture of bench.kernel_compile stands in for _interpreting())
+        enable_pdl=enable_pdl and os.environ.get("TRITON_INTERPRET") != "1",
     )
     return PrunedRouting(ids, weights, keep)
+
+
+def check_pdl(device: torch.device) -> None:
+    """Raise ``ValueError`` unless ``device`` can launch programmatic dependents (CUDA, sm_90+)."""
+    if device.type != "cuda":
+        return  # the interpreter (or the compile-only capture) on CPU tensors: no launch to overlap
+    major, minor = _capability(canonical_device(device))
+    if major < 9:
+        raise ValueError(
+            f"enable_pdl needs a GPU of compute capability 9.0 or newer (programmatic dependent launch); "
+            f"{device} is {major}.{minor}"
+        )
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 def check_alignment(call: RoutingCall, alignment: TokenAlignment) -> None:

@@ -19,7 +19,7 @@ run and inside CUDA graphs (``_bench_common.time_graph``: median of graph replay
 * with ``--pdl`` (a GPU of compute capability 9.0+): ``selection_pdl_us`` and ``none_pdl_us``, the same
   calls launched as programmatic dependents (``prune_route(..., enable_pdl=True)``), and
   ``pdl_equal``: their ids, weights and mask equal the plain launch's bit for bit, eagerly and in
-  CUDA-graph replays of every rotated input (part of the row's check).
+  CUDA-graph replays, on two of the rotated inputs (part of the row's check).
 
 Every row is first checked on one of its inputs: the kernel's keep mask and ids equal the torch
 reference (``policies.prune_route.prune_route``) exactly, the weights within 2e-6 + 2e-5 relative;
@@ -320,8 +320,8 @@ class SelectionCase:
 
 def pdl_equal(sel: SelectionCase, cfg: PrunerConfig) -> bool:
     """The call launched as programmatic dependents gives the same ids, mask and weights, bit for bit,
-    in a CUDA graph replayed over every rotated input (each replay against the plain launch)."""
-    for j in range(len(sel.calls)):
+    eagerly and in CUDA-graph replays, on two of the rotated inputs (each against the plain launch)."""
+    for j in range(min(2, len(sel.calls))):
         plain = [t.clone() for t in sel.select(cfg, j)]
         eager = sel.select(cfg, j, pdl=True)  # compiles the dependent-launch kernels outside the capture
         sync()

@@ -105,9 +105,9 @@ if wanted selection; then
     keep "$work/selection/selection.md" "$work/selection/selection.csv"
 fi
 if wanted pdl; then
-    seconds=$(box 8)
+    seconds=$(box 10)
     stage pdl "$seconds" python3 scripts/bench_selection.py --pdl --models qwen3-30b-a3b,deepseek-v3 \
-        --tokens 1,32,512 --policies xshare,moe-spec,lynx \
+        --tokens 1,32,512 --policies xshare,lynx \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/pdl" "${sgl_args[@]}"
     [ -f "$work/pdl/selection.md" ] && cat "$work/pdl/selection.md" >>"$log"

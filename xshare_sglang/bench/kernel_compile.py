@@ -17,7 +17,7 @@ import importlib
 import re
 from dataclasses import dataclass
 
-KERNELS = ("select_kernel", "lynx_pick_kernel", "route_kernel")  # in launch order
+KERNELS = ("fill_kernel", "select_kernel", "lynx_pick_kernel", "route_kernel")  # in launch order
 PTX_OPS = (
     "div.full.f32",
     "div.approx.f32",

@@ -110,7 +110,8 @@ the warps).  On one tile the [E, E] order is 1.6 us at E=128 and 4.3 at E=256, t
 launches each kernel as a programmatic dependent of the one before it: every program first waits on
 the device for its predecessor (``gdc_wait``, before any global memory access), and the selection
 kernel lets its follower launch as it starts (``gdc_launch_dependents``), so the routing kernel's
-launch overlaps the selection rather than following it.
+launch overlaps the selection rather than following it.  The counters are then zeroed by
+``fill_kernel``, which does the same for the selection kernel.
 
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
 aggregates and thresholds, and every division that feeds a mask or a metric correctly rounded with
@@ -1431,6 +1432,19 @@ def select_kernel(
                     ALIGN_B,
                     BLOCK_M,
                 )
+
+
+@triton.jit
+def fill_kernel(ptr, numel, BLOCK: tl.constexpr):
+    """Zero ``numel`` int32 words at ``ptr``: the workspace's counters before a multi-program call
+    launched as programmatic dependents (``enable_pdl``; otherwise the wrapper zeroes them with torch).
+    It waits for the kernel before it (which may still read the counters) and lets the selection
+    kernel launch at once; the selection waits for these zeros on the device."""
+    gdc_wait()
+    gdc_launch_dependents()
+    for start in range(0, numel, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < numel)
 
 
 @triton.jit

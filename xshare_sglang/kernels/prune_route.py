@@ -478,8 +478,12 @@ def _launch(
     assert not (cover_lists and plan.single), "coverage row lists need the multi-program fill"
     if not plan.single and (has_metrics or align or not route_only):
         # tickets, accumulators and expert marks start every multi-program call at 0, whatever an
-        # earlier call left
-        ws.counters.zero_()
+        # earlier call left; as a programmatic dependent, by a kernel of ours that lets the selection
+        # launch while it runs
+        if enable_pdl:
+            jit.fill_kernel[(1,)](ws.counters, ws.counters.numel(), BLOCK=2048, num_warps=4, launch_pdl=True)
+        else:
+            ws.counters.zero_()
     if route and not plan.single:
         route_args = dict(
             HAS_METRICS=has_metrics,

@@ -581,3 +581,21 @@ def test_lynx_ranks_exactly_with_and_without_digits(beta, num_tokens, num_expert
     for kind in ("normal", "integers"):
         logits = make_logits(num_tokens, num_experts, kind, seed=beta * 31 + num_tokens)
         _compare_routing(logits, cfg, 8)
+
+
+def test_dependent_launch_needs_hopper(monkeypatch) -> None:
+    """``enable_pdl`` on a GPU older than compute capability 9.0 is refused with an error that names it;
+    on 9.0 it is accepted; CPU tensors (the interpreter, the compile-only capture) have nothing to check."""
+    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    monkeypatch.setattr(wrapper, "_capability", lambda device: (8, 0))
+    with pytest.raises(ValueError, match=r"enable_pdl needs a GPU of compute capability 9\.0 or newer.*is 8\.0"):
+        wrapper.check_pdl(torch.device("cuda", 0))
+    monkeypatch.setattr(wrapper, "_capability", lambda device: (9, 0))
+    wrapper.check_pdl(torch.device("cuda", 0))
+    wrapper.check_pdl(torch.device("cpu"))
+    # under the interpreter the flag changes nothing: the same routing as without it
+    logits = make_logits(40, 64, "normal", seed=3)
+    call = routing_call(logits, RouterSpec(4), device=DEVICE)
+    plain = prune_route(call, PrunerConfig(policy="xshare", k0=1, budget=8))
+    dependent = prune_route(call, PrunerConfig(policy="xshare", k0=1, budget=8), enable_pdl=True)
+    assert torch.equal(plain.topk_ids, dependent.topk_ids) and torch.equal(plain.keep, dependent.keep)

@@ -23,7 +23,9 @@
 # selection.csv, moe_layer.md, moe_layer.csv, guard_table.md, guard_table.json.
 #
 # Options: --sha SHA (recorded in every table; the device gets no .git), --only STAGE[,STAGE] (a
-# subset, e.g. --only tests), --budget SECONDS (total, default 520; the stage boxes scale with it).
+# subset, e.g. --only tests), --budget SECONDS (total, default 520; the stage boxes scale with it),
+# --boxes STAGE=PERCENT[,...] (a stage's share of the budget instead of its default, e.g.
+# --boxes selection=45,moe_layer=25 when --only leaves out the guard, whose box is the rest).
 # SGLang's fused-MoE kernel file is read from .sgl/ when present (see docs/benchmarks.md); without it
 # the benchmarks time torch._grouped_mm and say so.
 set -uo pipefail
@@ -32,13 +34,15 @@ cd "$(dirname "$0")/.."
 sha=unknown
 only=tests,selection,pdl,moe_layer,kernel_routing,guard
 budget=520
+boxes=
 while [ $# -gt 0 ]; do
     case "$1" in
         --sha) sha=$2; shift 2 ;;
         --only) only=$2; shift 2 ;;
         --budget) budget=$2; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
-        *) echo "gpu_check.sh: unknown argument $1 (allowed: --sha SHA, --only STAGES, --budget SECONDS)" >&2; exit 2 ;;
+        --boxes) boxes=$2; shift 2 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument $1 (allowed: --sha SHA, --only STAGES, --budget SECONDS, --boxes STAGE=PERCENT,...)" >&2; exit 2 ;;
     esac
 done
 if [ "$sha" = unknown ] && git rev-parse --short HEAD >/dev/null 2>&1; then
@@ -58,9 +62,20 @@ sgl_args=()
 
 say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }
-# seconds of a stage's box: its share of the budget, never past the budget's end
+stages=" tests selection pdl moe_layer kernel_routing guard "
+for entry in ${boxes//,/ }; do
+    name=${entry%%=*} percent=${entry#*=}
+    if [[ "$stages" != *" $name "* || ! "$percent" =~ ^[0-9]+$ || "$percent" -gt 100 ]]; then
+        echo "gpu_check.sh: --boxes $entry: want STAGE=PERCENT with STAGE one of$stages and PERCENT 0..100" >&2
+        exit 2
+    fi
+done
+# seconds of a stage's box: its share of the budget (--boxes, else the default given), never past the
+# budget's end
 box() {
-    local share=$1 left=$((budget - ($(date +%s) - start)))
+    local name=$1 share=$2 entry
+    for entry in ${boxes//,/ }; do [ "${entry%%=*}" = "$name" ] && share=${entry#*=}; done
+    local left=$((budget - ($(date +%s) - start)))
     local want=$((budget * share / 100))
     [ "$want" -gt "$left" ] && want=$left
     echo "$want"
@@ -91,21 +106,21 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$log"
 
 if wanted tests; then
-    stage tests "$(box 25)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
+    stage tests "$(box tests 25)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py tests/test_kernel_primitives.py \
         tests/test_token_alignment.py \
         tests/test_kernels.py -k "gpu or knocked or per_stream or current_device or sixteen or infinity or primitives"
     keep "$work/gpu_tests.xml"
 fi
 if wanted selection; then
-    seconds=$(box 35)
+    seconds=$(box selection 35)
     stage selection "$seconds" python3 scripts/bench_selection.py --tokens 1,8,32,64,128,256,512 \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/selection" "${sgl_args[@]}"
     keep "$work/selection/selection.md" "$work/selection/selection.csv"
 fi
 if wanted pdl; then
-    seconds=$(box 10)
+    seconds=$(box pdl 10)
     stage pdl "$seconds" python3 scripts/bench_selection.py --pdl --models qwen3-30b-a3b,deepseek-v3 \
         --tokens 1,32,512 --policies xshare,lynx \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
@@ -113,7 +128,7 @@ if wanted pdl; then
     [ -f "$work/pdl/selection.md" ] && cat "$work/pdl/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
-    seconds=$(box 20)
+    seconds=$(box moe_layer 20)
     stage moe_layer "$seconds" python3 scripts/bench_moe_layer.py --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3-ep8 \
         --tokens 8,32,128,512 --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" \
         --git-sha "$sha" --out-dir "$work/moe_layer" "${sgl_args[@]}"
@@ -123,7 +138,7 @@ if wanted kernel_routing; then
     # GPT-OSS's default routing (triton_kernels, carried in .sgl/site; see docs/benchmarks.md), pruned
     # through the router logits: the gpu tests of that path, then its added cost per layer call
     if PYTHONPATH=.:.sgl/site python3 -c "import triton_kernels.topk" >>"$log" 2>&1; then
-        seconds=$(box 5)
+        seconds=$(box kernel_routing 5)
         stage kernel_routing "$seconds" env PYTHONPATH=.:.sgl/site bash -c \
             "python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernel_routing_gpu.py \
              && python3 scripts/bench_kernel_routing.py --git-sha $sha --calls 10 --replays 20"
@@ -132,7 +147,7 @@ if wanted kernel_routing; then
     fi
 fi
 if wanted guard; then
-    seconds=$(box 100)
+    seconds=$(box guard 100)
     stage guard "$seconds" python3 scripts/bench_moe_layer.py --models qwen3-30b-a3b,gpt-oss-20b --phases decode \
         --tokens 1,4,16,64,256 --policies xshare,moe-spec --guard-repeats 3 \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \

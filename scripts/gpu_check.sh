@@ -106,7 +106,7 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$log"
 
 if wanted tests; then
-    stage tests "$(box tests 25)" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
+    stage tests "$(box tests 25)" python3 -m pytest -v -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py tests/test_kernel_primitives.py \
         tests/test_token_alignment.py \
         tests/test_kernels.py -k "gpu or knocked or per_stream or current_device or sixteen or infinity or primitives"

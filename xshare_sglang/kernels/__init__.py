@@ -7,6 +7,8 @@
   :func:`xshare_sglang.select_experts_mask`);
 * :func:`token_alignment` - buffers for ``prune_route`` to also write the routed slots sorted by
   expert (the layout SGLang's fused-MoE kernel reads) in the launches that route;
+* :func:`dependent_launch_supported` - whether ``prune_route(..., enable_pdl=True)`` can launch on a
+  device (Hopper and newer);
 * :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture, one per
   (device, E, stream) (:func:`workspace_key`).
 
@@ -16,6 +18,7 @@ importing this package stays light.
 
 from .prune_route import (
     SelectionWorkspace,
+    dependent_launch_supported,
     per_request_policy,
     plan_launch,
     prune_route,
@@ -27,6 +30,7 @@ from .prune_route import (
 
 __all__ = [
     "SelectionWorkspace",
+    "dependent_launch_supported",
     "per_request_policy",
     "plan_launch",
     "prune_route",

@@ -106,8 +106,9 @@ grid-wide barrier for the program that finishes the mask (its handoff cost what 
 did, and it needs every program resident, which Triton's interpreter cannot give), and one program
 of up to 32 rows on more warps (up to 1.8x slower: the set rule's reductions across warps grow with
 the warps).  On one tile the [E, E] order is 1.6 us at E=128 and 4.3 at E=256, the routing pass
-1.8-5 us, the scores and bookkeeping about 3-7 us.  ``enable_pdl`` (off by default, not yet timed)
-launches each kernel as a programmatic dependent of the one before it: every program first waits on
+1.8-5 us, the scores and bookkeeping about 3-7 us.  ``enable_pdl`` (off by default; the serving
+plugin turns it on for sm_90+, where it took 1.1-2.8 us off calls of two or three launches on an
+H200) launches each kernel as a programmatic dependent of the one before it: every program first waits on
 the device for its predecessor (``gdc_wait``, before any global memory access), and the selection
 kernel lets its follower launch as it starts (``gdc_launch_dependents``), so the routing kernel's
 launch overlaps the selection rather than following it.  The counters are then zeroed by

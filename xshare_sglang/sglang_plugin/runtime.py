@@ -37,7 +37,7 @@ import torch
 
 from ..break_even import GuardTable
 from ..config import PrunerConfig
-from ..kernels import SelectionWorkspace, prune_route, select_keep_mask, workspace_key
+from ..kernels import SelectionWorkspace, dependent_launch_supported, prune_route, select_keep_mask, workspace_key
 from ..policies.apply import mask_router_inputs
 from ..policies.call import RouterSpec, RoutingCall
 from ..policies.rewrite import call_metrics, rewrite_routing
@@ -153,6 +153,8 @@ class PrunerRuntime:
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)
     # one per (device, E, stream): two streams never share scratch memory
     _workspaces: dict[tuple[torch.device, int, int], SelectionWorkspace] = field(default_factory=dict, repr=False)
+    # per device: launch the kernels of a call as programmatic dependents (Hopper and newer)
+    _dependent_launch: dict[torch.device, bool] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ scopes
     def enter(self, scope: ForwardScope | None) -> ForwardScope | None:
@@ -205,6 +207,20 @@ class PrunerRuntime:
         if key not in self._workspaces:
             self._workspaces[key] = SelectionWorkspace(logits.shape[1], key[0])
         return self._workspaces[key]
+
+    def dependent_launch(self, device: torch.device) -> bool:
+        """Whether this device's pruned calls launch their kernels as programmatic dependents.
+
+        On an H200 (docs/bench_selection.md, `aafee5e`) that took 1.1-2.8 us off every call of more
+        than one launch, bit for bit the same results; GPUs below compute capability 9.0 and the
+        interpreter launch as before.
+        """
+        if device not in self._dependent_launch:
+            enabled = dependent_launch_supported(device)
+            self._dependent_launch[device] = enabled
+            if enabled:
+                logger.info("xshare: pruned calls on %s launch their kernels as programmatic dependents", device)
+        return self._dependent_launch[device]
 
     def routing_call(
         self, call: ActiveCall, router_logits: torch.Tensor, correction_bias: torch.Tensor | None = None
@@ -287,6 +303,7 @@ class PrunerRuntime:
                 keep_out=layer.keep,
                 metrics_row=self.metrics[layer.row],
                 workspace=self._workspace(router_logits),
+                enable_pdl=self.dependent_launch(router_logits.device),
             )
             if model_routing is not None:
                 model_ids, model_weights = model_routing()

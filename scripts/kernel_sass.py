@@ -78,9 +78,12 @@ def policies(num_experts: int, ranking_dir: Path) -> dict[str, tuple[PrunerConfi
 
 
 def coverage_trips(named: dict, num_tokens: int, top_k: int) -> str:
-    """The coverage greedy's picks and the row tiles each one reads: the register tile once for the
-    call, or the tiles of the picked expert's row list (top-k scores: about T * k / E rows each)."""
+    """The coverage greedy's picks and what each one reads: one row of the pair sums (top-k scores
+    above one program), the register tile once for the call, or the tiles of the picked expert's row
+    list (dense scores: every row)."""
     picks = min(named["count"], named["num_experts"])
+    if named.get("COVER_PAIRS"):
+        return f"{picks} picks x 1 row of pair sums"
     if not named["COVER_LISTS"]:
         return f"{picks} picks, rows read once"
     listed = num_tokens * top_k / named["num_experts"] if named["SCORE_TOPK"] else num_tokens

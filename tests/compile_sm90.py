@@ -39,8 +39,10 @@ def _router(name: str, top_k: int, num_experts: int) -> tuple[RouterSpec, torch.
 def _config(policy: str) -> PrunerConfig:
     if policy == "moe-spec":
         return PrunerConfig(policy=policy, max_experts=16)
-    if policy == "moe-spec-coverage":  # above one tile its per-expert row lists, filled with atomics
+    if policy == "moe-spec-coverage":  # above one tile its pair sums, added with atomics
         return PrunerConfig(policy="moe-spec", max_experts=16, ranking="coverage")
+    if policy == "moe-spec-coverage-probs":  # dense scores: above one tile, row lists filled with atomics
+        return PrunerConfig(policy="moe-spec", max_experts=16, ranking="coverage", score="probs")
     return PrunerConfig(policy=policy, k0=1, budget=8, request_budget=2, rank_budget=2)
 
 

@@ -250,16 +250,18 @@ def test_kernel_matches_reference(tmp_path, variant: str, num_tokens: int, num_e
 @pytest.mark.parametrize(
     ("num_tokens", "num_experts", "budget", "top_k", "score", "style"),
     [
-        (17, 128, 8, 8, None, "integers"),  # just above one register tile: the per-expert row lists
+        (17, 128, 8, 8, None, "integers"),  # just above one register tile: the pair sums
         (33, 60, 60, 4, None, "repeated_rows"),  # the budget keeps every expert
         (48, 64, 12, 2, None, "few_finite"),  # short lists, rows that score nothing
         (200, 256, 40, 8, "probs", "normal"),  # dense scores: every row on nearly every list
-        (1024, 128, 32, 8, None, "normal"),  # the lists' capacity
+        (1024, 128, 32, 8, None, "normal"),  # the kernels' largest T for coverage
+        (96, 128, 24, 8, None, "repeated_rows"),  # popular experts: many rows add the same pairs
     ],
 )
-def test_coverage_row_lists_match_reference(num_tokens, num_experts, budget, top_k, score, style) -> None:
-    """Above one tile the coverage greedy keeps its gains up to date from per-expert row lists
-    instead of recounting every row per pick: the picks equal the reference's full recount."""
+def test_coverage_above_one_tile_matches_reference(num_tokens, num_experts, budget, top_k, score, style) -> None:
+    """Above one tile the coverage greedy keeps its gains up to date instead of recounting every row
+    per pick: from the batch's pair sums with top-k scores, from per-expert row lists with dense
+    scores.  The picks equal the reference's full recount."""
     cfg = PrunerConfig(policy="moe-spec", max_experts=budget, ranking="coverage", score=score)
     router = RouterSpec(top_k, renormalize=True)
     for layer in range(2):

@@ -24,8 +24,13 @@ WEIGHT_TOLERANCE = dict(atol=2e-6, rtol=2e-5)
 
 pytestmark = pytest.mark.gpu
 
-# every policy that selects, the static ranking, and coverage (above one tile: row lists filled with atomics)
-POLICIES = [p for p in CONFIG_POLICIES if p != "none"] + ["moe-spec-static", "moe-spec-coverage"]
+# every policy that selects, the static ranking, and coverage (above one tile: pair sums added with
+# atomics; with dense scores, row lists filled with atomics)
+POLICIES = [p for p in CONFIG_POLICIES if p != "none"] + [
+    "moe-spec-static",
+    "moe-spec-coverage",
+    "moe-spec-coverage-probs",
+]
 
 
 def _warm_up(step, repeats: int = 3) -> None:
@@ -67,6 +72,8 @@ def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
         return PrunerConfig(policy=policy, max_experts=24)
     if policy == "moe-spec-coverage":
         return PrunerConfig(policy="moe-spec", max_experts=24, ranking="coverage")
+    if policy == "moe-spec-coverage-probs":
+        return PrunerConfig(policy="moe-spec", max_experts=24, ranking="coverage", score="probs")
     return PrunerConfig(policy=policy, k0=1, budget=8, request_budget=2, rank_budget=3, max_experts=40)
 
 

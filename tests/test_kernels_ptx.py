@@ -25,7 +25,9 @@ import pytest
 from xshare_sglang.config import POLICIES as CONFIG_POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = [*CONFIG_POLICIES, "moe-spec-coverage"]  # coverage: above one tile, row lists filled with atomics
+# coverage above one tile: top-k scores add pair sums with atomics; dense scores ("probs") keep
+# per-expert row lists, also filled with atomics
+POLICIES = [*CONFIG_POLICIES, "moe-spec-coverage", "moe-spec-coverage-probs"]
 
 
 def _compile(cases: list[dict]) -> list[dict]:

@@ -56,6 +56,13 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   at the old coverage and put back at the new one (``coverage_loss``): about T x top_k / E rows per
   pick.  Up to one tile the rows are read into registers once.  Exact: the same integer terms the
   full recount sums, in any order; the tie-break is one packed key ``agg << 10 | (1023 - e)``.
+  Those lists still grew with T (a popular expert is on many rows), so with top-k scores the greedy
+  now keeps no rows at all: on its 2**-16 grid each term is exact (no rounding per term), a row's
+  scores sum to at most one, and a gain is ``ONE * column sum - sum over kept i of C[i, j]`` with the
+  pair sums ``C[i, j] = sum_t c[t, i] c[t, j]``.  Each program adds its rows' top_k x top_k pairs with
+  atomics (one packed int32 reduction per pick gives its score and id); each pick of the last program
+  is one row of ``C``, whatever T.  Exact: the same integers, summed in any order.  Dense scores
+  (``score="probs"``) keep the lists.
 * The greedy picks of the co-activation ranking and of the per-request sets took two reductions per
   pick (the maximum, then the first index holding it); now one ``tl.argmax`` over (value, index)
   pairs, first index on ties: half the block barriers per pick (6 -> 3 at E=128).  Exact: the same
@@ -164,6 +171,9 @@ MODE_ALL = tl.constexpr(8)  # none: every expert
 MODE_COACT = tl.constexpr(9)  # moe-spec, co-activation ranking (greedy with redundancy discounts)
 MODE_COVERAGE = tl.constexpr(10)  # moe-spec, coverage ranking (greedy on uncovered per-token mass)
 SCORE_ONE_INT = tl.constexpr(1 << 24)
+# the coverage greedy's grid (policies.greedy.COVERAGE_FRACTION_BITS): scores >> 8, 2**16 = 1
+COVER_BITS = tl.constexpr(16)
+COVER_ONE = tl.constexpr(1 << 16)
 REDUNDANCY_ONE = tl.constexpr(1 << 16)  # 1.0 on the redundancy grid (config.REDUNDANCY_BITS)
 
 
@@ -409,17 +419,18 @@ def coverage_pick(gain, agg, chosen, e, e_ok):
 def coverage_loss(q, chosen, e, pick):
     """What keeping ``pick`` takes from every expert's coverage gain, summed over the rows of ``q``.
 
-    ``q`` [rows, E] int64 holds the rows' fixed-point scores (zero rows add nothing).  A row is covered
-    to ``m = sum of q over chosen``; the pick raises it to ``m + q[:, pick]``; each expert's term
-    ``(q * max(ONE - m, 0)) >> 24`` drops to its value at the new coverage.  Exact: the same integer
-    terms the full recount sums, taken out and put back one by one.
+    ``q`` [rows, E] int64 holds the rows' fixed-point scores (zero rows add nothing), read on the
+    greedy's grid ``c = q >> 8``.  A row is covered to ``m = sum of c over chosen``; the pick raises
+    it to ``m + c[:, pick]``; each expert's term ``c * max(ONE - m, 0)`` drops by ``c`` times the
+    difference of the two clamps.  Exact: the same integer terms the full recount sums.
     """
-    covered = tl.sum(tl.where(chosen[None, :] != 0, q, 0), axis=1)
-    picked = tl.sum(tl.where(e[None, :] == pick, q, 0), axis=1)
-    left = tl.where(covered < SCORE_ONE_INT, SCORE_ONE_INT - covered, 0)
+    c = q >> (SCORE_BITS - COVER_BITS)
+    covered = tl.sum(tl.where(chosen[None, :] != 0, c, 0), axis=1)
+    picked = tl.sum(tl.where(e[None, :] == pick, c, 0), axis=1)
+    left = tl.where(covered < COVER_ONE, COVER_ONE - covered, 0)
     after = covered + picked
-    left_after = tl.where(after < SCORE_ONE_INT, SCORE_ONE_INT - after, 0)
-    return tl.sum(((q * left[:, None]) >> SCORE_BITS) - ((q * left_after[:, None]) >> SCORE_BITS), axis=0)
+    left_after = tl.where(after < COVER_ONE, COVER_ONE - after, 0)
+    return tl.sum(c * (left - left_after)[:, None], axis=0)
 
 
 @triton.jit
@@ -1003,6 +1014,8 @@ def select_kernel(
     cover_rows_ptr,
     cover_count_ptr,
     cover_capacity,
+    cover_agg_ptr,
+    cover_pairs_ptr,
     agg_acc_ptr,
     warm_acc_ptr,
     base_acc_ptr,
@@ -1064,6 +1077,7 @@ def select_kernel(
     SEARCH_STEPS: tl.constexpr,
     COVER_T: tl.constexpr,
     COVER_LISTS: tl.constexpr,
+    COVER_PAIRS: tl.constexpr,
     ROUTE_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ROUTE_KEY_SHIFT: tl.constexpr,
@@ -1085,6 +1099,7 @@ def select_kernel(
     n_valid = num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR)
 
     agg = tl.zeros([BLOCK_E], tl.int64)
+    cover_agg = tl.zeros([BLOCK_E], tl.int64)  # the coverage greedy's column sums, on its grid
     warm = tl.zeros([BLOCK_E], tl.int32)
     base = tl.zeros([BLOCK_E], tl.int32)
     counts = tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32)
@@ -1126,7 +1141,28 @@ def select_kernel(
                         member = candidate
                     q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
                     agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
-                    if MODE == MODE_COVERAGE:
+                    if MODE == MODE_COVERAGE and not SINGLE:
+                        cover_agg += tl.sum(tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS), axis=0)
+                    if MODE == MODE_COVERAGE and COVER_PAIRS:
+                        # top-k scores: each voting row adds c[t, i] * c[t, j] to C[i, j] for every
+                        # pair of its scored experts, one of its picks at a time; phase B's gains are
+                        # then COVER_ONE * column sum - the kept experts' rows of C
+                        cq = tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS)
+                        # a score and its expert in one int32 (c <= 2**16, ids below 1024): one
+                        # reduction per pick gives both
+                        packed = (cq.to(tl.int32) << 10) | e[None, :]
+                        for b in range(0, top_k):
+                            picked_b = tl.sum(tl.where(rank == b, packed, 0), axis=1)
+                            id_b = picked_b & 1023
+                            cq_b = (picked_b >> 10).to(tl.int64)
+                            # (the diagonal is never read: a kept expert's own gain no longer counts)
+                            tl.atomic_add(
+                                cover_pairs_ptr + id_b.to(tl.int64)[:, None] * num_experts + e[None, :],
+                                cq * cq_b[:, None],
+                                mask=(in_block & (cq_b != 0))[:, None] & (cq != 0) & (e[None, :] != id_b[:, None]),
+                                sem="relaxed",
+                            )
+                    elif MODE == MODE_COVERAGE:
                         # every row's scores (0 on rows that do not vote), for the greedy of phase B
                         tl.store(
                             row_scores_ptr + rows[:, None] * num_experts + e[None, :],
@@ -1157,6 +1193,8 @@ def select_kernel(
             tl.atomic_max(warm_acc_ptr + e, warm, mask=e_ok & (warm != 0), sem="relaxed")
         if NEED_SCORES:
             tl.atomic_add(agg_acc_ptr + e, agg, mask=e_ok & (agg != 0), sem="relaxed")
+        if MODE == MODE_COVERAGE:
+            tl.atomic_add(cover_agg_ptr + e, cover_agg, mask=e_ok & (cover_agg != 0), sem="relaxed")
         if PER_REQUEST:
             tl.atomic_max(base_acc_ptr + e, base, mask=e_ok & (base != 0), sem="relaxed")
         if LYNX:
@@ -1250,12 +1288,22 @@ def select_kernel(
             tl.debug_barrier()
             chosen = tl.zeros([BLOCK_E], tl.int32)
             picks = tl.minimum(count, num_experts)
-            if COVER_LISTS:
+            if COVER_PAIRS:
+                # before any pick every row is uncovered: a gain is COVER_ONE times the column sum;
+                # keeping an expert takes its row of C (the pair sums) off every gain
+                gain = tl.load(cover_agg_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") << COVER_BITS
+                for _ in range(0, picks):
+                    first = coverage_pick(gain, agg, chosen, e, e_ok)
+                    gain -= tl.load(
+                        cover_pairs_ptr + first.to(tl.int64) * num_experts + e, mask=e_ok, other=0, cache_modifier=".cg"
+                    )
+                    chosen = tl.where(e == first, 1, chosen)
+            elif COVER_LISTS:
                 # the gains are kept up to date: before any pick every row is uncovered and a gain is
-                # the aggregate; a pick changes only the rows on its list, so only their terms are
-                # taken out at the old coverage and put back at the new one
+                # COVER_ONE times the column sum; a pick changes only the rows on its list, so only
+                # their terms are taken out at the old coverage and put back at the new one
                 listed = tl.load(cover_count_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-                gain = agg
+                gain = tl.load(cover_agg_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") << COVER_BITS
                 for _ in range(0, picks):
                     first = coverage_pick(gain, agg, chosen, e, e_ok)
                     num_listed = tl.sum(tl.where(e == first, listed, 0), axis=0)
@@ -1282,11 +1330,11 @@ def select_kernel(
                     other=0,
                     cache_modifier=".cg",
                 )
+                c_rows = q_rows.to(tl.int64) >> (SCORE_BITS - COVER_BITS)
                 for _ in range(0, picks):
-                    q = q_rows.to(tl.int64)
-                    covered = tl.sum(tl.where(chosen[None, :] != 0, q, 0), axis=1)
-                    left = tl.where(covered < SCORE_ONE_INT, SCORE_ONE_INT - covered, 0)
-                    gain = tl.sum((q * left[:, None]) >> SCORE_BITS, axis=0)
+                    covered = tl.sum(tl.where(chosen[None, :] != 0, c_rows, 0), axis=1)
+                    left = tl.where(covered < COVER_ONE, COVER_ONE - covered, 0)
+                    gain = tl.sum(c_rows * left[:, None], axis=0)
                     first = coverage_pick(gain, agg, chosen, e, e_ok)
                     chosen = tl.where(e == first, 1, chosen)
             keep = e_ok & (chosen != 0) & (n_valid > 0)
@@ -1443,7 +1491,7 @@ def fill_kernel(ptr, numel, BLOCK: tl.constexpr):
     kernel launch at once; the selection waits for these zeros on the device."""
     gdc_wait()
     gdc_launch_dependents()
-    for start in range(0, numel, BLOCK):
+    for start in range(tl.program_id(0) * BLOCK, numel, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         tl.store(ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < numel)
 

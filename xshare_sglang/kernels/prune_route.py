@@ -288,10 +288,14 @@ class SelectionWorkspace:
         # Everything a multi-program call accumulates with atomics, in one buffer, so that one fill
         # resets it before every such call: the three tickets (selection, routing, LYNX picks; one
         # word of padding), the routing kernel's expert marks, the LYNX picks, the warm-up and
-        # per-request marks, LYNX bin counts, the int64 aggregate scores (8-byte aligned: the
-        # offset 4 + 20 E words is even), and the lengths of the coverage ranking's row lists.
+        # per-request marks, LYNX bin counts, the int64 aggregate scores and the coverage ranking's
+        # column sums (8-byte aligned: the offsets 4 + 20 E and 4 + 22 E words are even), and the
+        # lengths of the coverage ranking's row lists.  After them, 8-byte aligned, the coverage
+        # ranking's [E, E] int64 pair sums, zeroed with the counters only by the calls that use them.
         n = num_experts
-        self.counters = torch.zeros(4 + 23 * n, dtype=torch.int32, **kw)
+        words = 4 + 25 * n
+        self.zeroed = torch.zeros(words + words % 2 + 2 * n * n, dtype=torch.int32, **kw)
+        self.counters = self.zeroed[:words]
         self.tickets = self.counters[:3]
         self.used = self.counters[4 : 4 + n]
         self.picked = self.counters[4 + n : 4 + 2 * n]
@@ -299,7 +303,9 @@ class SelectionWorkspace:
         self.base_marks = self.counters[4 + 3 * n : 4 + 4 * n]
         self.lynx_counts = self.counters[4 + 4 * n : 4 + 20 * n].view(n, BLOCK_BINS)
         self.aggregate = self.counters[4 + 20 * n : 4 + 22 * n].view(torch.int64)
-        self.cover_counts = self.counters[4 + 22 * n :]
+        self.cover_aggregate = self.counters[4 + 22 * n : 4 + 24 * n].view(torch.int64)
+        self.cover_counts = self.counters[4 + 24 * n :]
+        self.cover_pairs = self.zeroed[words + words % 2 :].view(torch.int64).view(n, n)
         # ranking=coverage: every row's scores, and for each expert the rows that score it
         self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)
         self.cover_rows = torch.zeros(num_experts, MAX_COVERAGE_TOKENS, dtype=torch.int32, **kw)
@@ -473,17 +479,24 @@ def _launch(
     route_only = route and cfg.policy == "none" and not plan.single
     # the coverage greedy holds every row in registers up to one tile, above it keeps per-expert row
     # lists (built with atomics into counters the fill below zeroes: never in a single program)
+    # above one program, with top-k scores (each row scores top_k experts, summing to at most 1), it
+    # keeps the gains as column sums less the kept experts' rows of the [E, E] pair sums: each pick
+    # one row, whatever T (both built with atomics, zeroed by the fill below)
     cover_tile_rows = min(_next_pow2(max(num_tokens, 1)), max(TILE_ELEMENTS // block_e, plan.chunk_rows))
-    cover_lists = policy["mode"] == "MODE_COVERAGE" and num_tokens > cover_tile_rows
+    coverage = policy["mode"] == "MODE_COVERAGE"
+    cover_pairs = coverage and not plan.single and cfg.effective_score == "topk"
+    cover_lists = coverage and not cover_pairs and num_tokens > cover_tile_rows
     assert not (cover_lists and plan.single), "coverage row lists need the multi-program fill"
     if not plan.single and (has_metrics or align or not route_only):
         # tickets, accumulators and expert marks start every multi-program call at 0, whatever an
         # earlier call left; as a programmatic dependent, by a kernel of ours that lets the selection
         # launch while it runs
+        zeroed = ws.zeroed if cover_pairs else ws.counters
         if enable_pdl:
-            jit.fill_kernel[(1,)](ws.counters, ws.counters.numel(), BLOCK=2048, num_warps=4, launch_pdl=True)
+            programs = max(1, min(64, -(-zeroed.numel() // 8192)))
+            jit.fill_kernel[(programs,)](zeroed, zeroed.numel(), BLOCK=2048, num_warps=4, launch_pdl=True)
         else:
-            ws.counters.zero_()
+            zeroed.zero_()
     if route and not plan.single:
         route_args = dict(
             HAS_METRICS=has_metrics,
@@ -520,6 +533,8 @@ def _launch(
         ws.cover_rows,
         ws.cover_counts,
         MAX_COVERAGE_TOKENS,
+        ws.cover_aggregate,
+        ws.cover_pairs,
         ws.aggregate,
         ws.warm_marks,
         ws.base_marks,
@@ -549,6 +564,7 @@ def _launch(
         SEARCH_STEPS=block_e.bit_length() + 1,
         COVER_T=cover_tile_rows,
         COVER_LISTS=cover_lists,
+        COVER_PAIRS=cover_pairs,
         CHUNK_T=plan.chunk_rows,
         ROUTE_T=plan.route_rows,
         KEY_SHIFT=key_shift,

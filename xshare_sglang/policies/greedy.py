@@ -16,7 +16,11 @@ from __future__ import annotations
 import torch
 
 from ..calibration_file import REDUNDANCY_BITS
-from .scores import SCORE_FRACTION_BITS, SCORE_ONE, descending_order, positions_in_order, top_by_logit
+from .scores import SCORE_FRACTION_BITS, descending_order, positions_in_order, top_by_logit
+
+# the coverage greedy's grid: scores in units of 2**-16 (see coverage_add)
+COVERAGE_FRACTION_BITS = 16
+COVERAGE_ONE = 1 << COVERAGE_FRACTION_BITS
 
 
 def warm_up(logits: torch.Tensor, valid: torch.Tensor, k0: int) -> torch.Tensor:
@@ -199,21 +203,26 @@ def coactivation_add(agg: torch.Tensor, redundancy: torch.Tensor, count: int, ac
 def coverage_add(scores: torch.Tensor, agg: torch.Tensor, count: int, active: torch.Tensor) -> torch.Tensor:
     """Coverage greedy: ``count`` times, keep the expert that adds the most *uncovered* routing mass.
 
-    With ``S`` the experts kept so far, token ``t`` is covered to ``m_t = sum_{i in S} q[t, i]`` and
-    candidate ``j`` gains ``sum_t (q[t, j] * max(ONE - m_t, 0)) >> 24``: a token whose routing mass the kept
-    experts already hold adds little, one they miss adds its full score.  So the batch's own
-    co-activation decides: an expert picked by the same tokens as one already kept ranks lower than
-    the aggregate alone would put it.  All in int64 (each term below ``2**25``, so exact for any T the
-    kernels take).  Ties go
-    to the larger aggregate, then the lower index; with every token covered, the rest of the budget
-    goes by aggregate.
+    The greedy reads the scores on a coarser grid, ``c = q >> 8`` (units of ``2**-16``,
+    :data:`COVERAGE_ONE` is 1.0).  With ``S`` the experts kept so far, token ``t`` is covered to
+    ``m_t = sum_{i in S} c[t, i]`` and candidate ``j`` gains ``sum_t c[t, j] * max(COVERAGE_ONE - m_t, 0)``:
+    a token whose routing mass the kept experts already hold adds little, one they miss adds its full
+    score.  So the batch's own co-activation decides: an expert picked by the same tokens as one
+    already kept ranks lower than the aggregate alone would put it.  Ties go to the larger aggregate,
+    then the lower index; with every token covered, the rest of the budget goes by aggregate.
+
+    Every term is below ``2**32``, so the int64 sums are exact for fewer than ``2**31`` tokens.  Where
+    a token's scores sum to at most 1 (``score="topk"``, and ``"probs"`` under softmax) the clamp never
+    binds, and the gain is ``COVERAGE_ONE * sum_t c[t, j] - sum_{i in S} C[i, j]`` with
+    ``C[i, j] = sum_t c[t, i] * c[t, j]``: the kernels keep the gains that way, one row of ``C`` per
+    pick, whatever the number of tokens.
 
     Parameters
     ----------
     scores : Tensor, shape [T, E], int64
         Fixed-point per-token scores (``2**24`` = 1), zero on rows that do not vote.
     agg : Tensor, shape [E], int64
-        Their column sums.
+        Their column sums (the tie-break).
     count : int
     active : Tensor, shape [], bool
 
@@ -224,9 +233,10 @@ def coverage_add(scores: torch.Tensor, agg: torch.Tensor, count: int, active: to
     num_experts = agg.shape[-1]
     keep = torch.zeros(num_experts, dtype=torch.bool, device=agg.device)
     index = torch.arange(num_experts, device=agg.device)
+    coarse = scores >> (SCORE_FRACTION_BITS - COVERAGE_FRACTION_BITS)
     for _ in range(min(count, num_experts)):
-        covered = torch.where(keep[None, :], scores, 0).sum(dim=1)
-        gain = ((scores * (SCORE_ONE - covered).clamp(min=0)[:, None]) >> SCORE_FRACTION_BITS).sum(dim=0)
+        covered = torch.where(keep[None, :], coarse, 0).sum(dim=1)
+        gain = (coarse * (COVERAGE_ONE - covered).clamp(min=0)[:, None]).sum(dim=0)
         key = torch.where(keep, -1, gain)
         tied = key == key.max()
         best_agg = torch.where(tied, agg, -1).max()

@@ -77,17 +77,27 @@ def policies(num_experts: int, ranking_dir: Path) -> dict[str, tuple[PrunerConfi
     }
 
 
+def greedy_picks(named: dict, num_tokens: int, top_k: int, budget: int) -> str:
+    """Serial picks of a greedy ranking: they stop once no candidate gains, and with top-k scores at
+    most T x top_k experts have an aggregate (the rest of the budget is one sort)."""
+    picks = min(budget, named["num_experts"])
+    gaining = num_tokens * top_k if named["SCORE_TOPK"] else named["num_experts"]
+    if gaining >= picks:
+        return f"{picks} picks"
+    return f"{gaining} picks + one sort"
+
+
 def coverage_trips(named: dict, num_tokens: int, top_k: int) -> str:
     """The coverage greedy's picks and what each one reads: one row of the pair sums (top-k scores
     above one program), the register tile once for the call, or the tiles of the picked expert's row
     list (dense scores: every row)."""
-    picks = min(named["count"], named["num_experts"])
+    picks = greedy_picks(named, num_tokens, top_k, named["count"])
     if named.get("COVER_PAIRS"):
-        return f"{picks} picks x 1 row of pair sums"
+        return f"{picks} x 1 row of pair sums"
     if not named["COVER_LISTS"]:
-        return f"{picks} picks, rows read once"
+        return f"{picks}, rows read once"
     listed = num_tokens * top_k / named["num_experts"] if named["SCORE_TOPK"] else num_tokens
-    return f"{picks} picks x ~{math.ceil(listed / named['COVER_T'])} list tiles"
+    return f"{picks} x ~{math.ceil(listed / named['COVER_T'])} list tiles"
 
 
 def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: int) -> dict[str, str]:
@@ -111,7 +121,7 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
         jit.MODE_THRESHOLD.value: f"one sort of {block_e} + scan",
         jit.MODE_RANK_ROUNDS.value: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps",
         jit.MODE_TOP_AGG.value: pairwise,
-        jit.MODE_COACT.value: f"{named['count']} greedy picks",
+        jit.MODE_COACT.value: f"{greedy_picks(named, num_tokens, top_k, named['count'])}, 1 row each",
         jit.MODE_COVERAGE.value: coverage_trips(named, num_tokens, top_k),
     }
     rule = rules.get(mode, "-")

@@ -156,6 +156,43 @@ def test_order_by_places_and_by_prefix(num_experts: int, use_group: bool) -> Non
 
 
 @triton.jit
+def _take_kernel(prim_ptr, chosen_ptr, out_ptr, n, rest, BLOCK: tl.constexpr):
+    e = tl.arange(0, BLOCK)
+    e_ok = e < n
+    prim = tl.load(prim_ptr + e, mask=e_ok, other=0)
+    chosen = tl.load(chosen_ptr + e, mask=e_ok, other=0)
+    tl.store(out_ptr + e, jit.take_by_order(prim, chosen, e, e_ok, rest), mask=e_ok)
+
+
+def _brute_take(prim, chosen, rest):
+    order = sorted((j for j in range(len(prim)) if not chosen[j]), key=lambda j: (-prim[j], j))
+    taken = set(order[: max(rest, 0)])
+    return [int(chosen[j] or j in taken) for j in range(len(prim))]
+
+
+@pytest.mark.parametrize("num_experts", [1, 60, 64, 128, 160, 256, 512])
+def test_take_by_order_finishes_a_greedy(num_experts: int) -> None:
+    """The greedy rankings' tail: the ``rest`` first experts outside the chosen set by (prim desc,
+    index asc), ties included; none for ``rest <= 0``, all of them when fewer are left."""
+    for seed in range(6):
+        rng = random.Random(seed * 7919 + num_experts)
+        high = rng.choice([1, 3, 1 << 40])  # 1: every prim 0, the pure index order of co-activation
+        prim = [rng.randrange(0, high) for _ in range(num_experts)]
+        chosen = [int(rng.random() < rng.choice([0.0, 0.3, 0.9])) for _ in range(num_experts)]
+        rest = rng.choice([-1, 0, 1, num_experts // 3, num_experts - sum(chosen), num_experts + 5])
+        out = _on(torch.empty(num_experts, dtype=torch.int32))
+        _take_kernel[(1,)](
+            _on(torch.tensor(prim, dtype=torch.int64)),
+            _on(torch.tensor(chosen, dtype=torch.int32)),
+            out,
+            num_experts,
+            rest,
+            BLOCK=max(16, triton.next_power_of_2(num_experts)),
+        )
+        assert out.cpu().tolist() == _brute_take(prim, chosen, rest), f"E={num_experts} seed={seed} rest={rest}"
+
+
+@triton.jit
 def _bin_counts_kernel(
     x_ptr, out_ptr, rows, n, alpha, beta, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_BINS: tl.constexpr
 ):

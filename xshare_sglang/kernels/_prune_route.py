@@ -62,7 +62,12 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   pair sums ``C[i, j] = sum_t c[t, i] c[t, j]``.  Each program adds its rows' top_k x top_k pairs with
   atomics (one packed int32 reduction per pick gives its score and id); each pick of the last program
   is one row of ``C``, whatever T.  Exact: the same integers, summed in any order.  Dense scores
-  (``score="probs"``) keep the lists.
+  (``score="probs"``) keep the lists.  The greedy picks of coverage and co-activation ran ``count``
+  times; gains never grow, and once none is left the reference takes the rest by aggregate (or index)
+  then index, so the picks are a ``while`` loop that stops there and one sort of the packed keys
+  (``take_by_order``) takes the rest: with top-k scores a batch of T tokens has at most T x top_k
+  experts that gain.  Exact: the same picks in the same order, the tail of equal gains in the
+  reference's tie order.
 * The greedy picks of the co-activation ranking and of the per-request sets took two reductions per
   pick (the maximum, then the first index holding it); now one ``tl.argmax`` over (value, index)
   pairs, first index on ties: half the block barriers per pick (6 -> 3 at E=128).  Exact: the same
@@ -404,15 +409,32 @@ def greedy_iterative(base, agg, e, e_ok, count, active, ALLOW_ZERO: tl.constexpr
 
 
 @triton.jit
-def coverage_pick(gain, agg, chosen, e, e_ok):
-    """The coverage greedy's next expert: the largest gain outside ``chosen``, ties to the larger
-    aggregate, then the lower index.  Two reductions: the tie-break is one int64 key
-    ``agg << 10 | (1023 - e)`` (coverage aggregates stay below 2**34: at most 1024 rows of at most
-    2**24 each; ids below 1024)."""
+def coverage_top(gain, chosen, e_ok):
+    """The coverage greedy's candidates' gains (``-1`` off them) and their maximum."""
     key = tl.where(e_ok & (chosen == 0), gain, -1)
-    tied = key == tl.max(key, axis=0)
+    return key, tl.max(key, axis=0)
+
+
+@triton.jit
+def coverage_first(key, top, agg, e):
+    """The coverage greedy's next expert: the gain ``top`` (the largest in ``key``), ties to the larger
+    aggregate, then the lower index.  One reduction: the tie-break is one int64 key
+    ``agg << 10 | (1023 - e)`` (coverage aggregates stay below 2**53: fewer than 2**29 rows of at most
+    2**24 each; ids below 1024)."""
     order = (agg << 10) | (1023 - e).to(tl.int64)
-    return 1023 - (tl.max(tl.where(tied, order, -1), axis=0) & 1023).to(tl.int32)
+    return 1023 - (tl.max(tl.where(key == top, order, -1), axis=0) & 1023).to(tl.int32)
+
+
+@triton.jit
+def take_by_order(prim, chosen, e, e_ok, rest):
+    """``chosen`` plus the ``rest`` first experts outside it in the order (prim desc, index asc): the
+    greedy rules' picks once every gain left is zero, all at once.  One sort of the packed keys (they
+    are distinct) and the ``rest``-th key as the threshold."""
+    flag = e_ok & (chosen == 0)
+    key = order_key(prim, e, flag)
+    ranked = tl.sort(key, descending=True)
+    threshold = tl.max(tl.where(e == rest - 1, ranked, MIN_KEY), axis=0)
+    return tl.where(flag & (key >= threshold) & (rest > 0), 1, chosen)
 
 
 @triton.jit
@@ -1286,26 +1308,34 @@ def select_kernel(
             # greedy: each step keeps the expert with the most uncovered per-token mass
             # sum_t (q[t, j] * max(ONE - covered_t, 0)) >> 24; ties to the larger agg, then the lower id
             tl.debug_barrier()
+            # The picks run while some candidate gains: gains never grow, and once every one is zero
+            # the reference picks the rest by aggregate, then index, which take_by_order does at once
+            # (with T tokens at most T x top_k experts gain, so small batches stop early).
             chosen = tl.zeros([BLOCK_E], tl.int32)
             picks = tl.minimum(count, num_experts)
+            taken = tl.zeros([], tl.int32)
             if COVER_PAIRS:
                 # before any pick every row is uncovered: a gain is COVER_ONE times the column sum;
                 # keeping an expert takes its row of C (the pair sums) off every gain
                 gain = tl.load(cover_agg_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") << COVER_BITS
-                for _ in range(0, picks):
-                    first = coverage_pick(gain, agg, chosen, e, e_ok)
+                key, top = coverage_top(gain, chosen, e_ok)
+                while (taken < picks) & (top > 0):
+                    first = coverage_first(key, top, agg, e)
                     gain -= tl.load(
                         cover_pairs_ptr + first.to(tl.int64) * num_experts + e, mask=e_ok, other=0, cache_modifier=".cg"
                     )
                     chosen = tl.where(e == first, 1, chosen)
+                    taken += 1
+                    key, top = coverage_top(gain, chosen, e_ok)
             elif COVER_LISTS:
                 # the gains are kept up to date: before any pick every row is uncovered and a gain is
                 # COVER_ONE times the column sum; a pick changes only the rows on its list, so only
                 # their terms are taken out at the old coverage and put back at the new one
                 listed = tl.load(cover_count_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
                 gain = tl.load(cover_agg_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") << COVER_BITS
-                for _ in range(0, picks):
-                    first = coverage_pick(gain, agg, chosen, e, e_ok)
+                key, top = coverage_top(gain, chosen, e_ok)
+                while (taken < picks) & (top > 0):
+                    first = coverage_first(key, top, agg, e)
                     num_listed = tl.sum(tl.where(e == first, listed, 0), axis=0)
                     for c in range(0, num_listed, COVER_T):
                         slot = c + tl.arange(0, COVER_T)
@@ -1321,6 +1351,8 @@ def select_kernel(
                         ).to(tl.int64)
                         gain -= coverage_loss(q, chosen, e, first)
                     chosen = tl.where(e == first, 1, chosen)
+                    taken += 1
+                    key, top = coverage_top(gain, chosen, e_ok)
             else:
                 # every row in one register tile, read once; each step recomputes the gains from it
                 t = tl.arange(0, COVER_T)
@@ -1331,23 +1363,34 @@ def select_kernel(
                     cache_modifier=".cg",
                 )
                 c_rows = q_rows.to(tl.int64) >> (SCORE_BITS - COVER_BITS)
-                for _ in range(0, picks):
+                key, top = coverage_top(tl.sum(c_rows, axis=0) << COVER_BITS, chosen, e_ok)
+                while (taken < picks) & (top > 0):
+                    first = coverage_first(key, top, agg, e)
+                    chosen = tl.where(e == first, 1, chosen)
+                    taken += 1
                     covered = tl.sum(tl.where(chosen[None, :] != 0, c_rows, 0), axis=1)
                     left = tl.where(covered < COVER_ONE, COVER_ONE - covered, 0)
-                    gain = tl.sum(c_rows * left[:, None], axis=0)
-                    first = coverage_pick(gain, agg, chosen, e, e_ok)
-                    chosen = tl.where(e == first, 1, chosen)
+                    key, top = coverage_top(tl.sum(c_rows * left[:, None], axis=0), chosen, e_ok)
+            chosen = take_by_order(agg, chosen, e, e_ok, picks - taken)
             keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_COACT:
             # greedy: each step keeps the largest agg * (1 - redundancy with the kept set), first id on ties
+            # while some candidate gains: gains never grow, and once every one is zero the reference
+            # takes the rest in index order (at most T x top_k experts have an aggregate)
             chosen = tl.zeros([BLOCK_E], tl.int32)
             discount = tl.zeros([BLOCK_E], tl.int64)
-            for _ in range(0, count):
-                gain = tl.where(e_ok & (chosen == 0), agg * (REDUNDANCY_ONE - discount), -1)
-                first = tl.argmax(gain, axis=0, tie_break_left=True)  # the first maximum, one reduction
+            taken = tl.zeros([], tl.int32)
+            # the largest gain and its first index, one reduction
+            gain = tl.where(e_ok, agg * REDUNDANCY_ONE, -1)
+            top, first = tl.max(gain, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            while (taken < count) & (top > 0):
                 chosen = tl.where(e == first, 1, chosen)
+                taken += 1
                 row = tl.load(redundancy_ptr + first * num_experts + e, mask=e_ok, other=0)
                 discount = tl.maximum(discount, row.to(tl.int64))
+                gain = tl.where(e_ok & (chosen == 0), agg * (REDUNDANCY_ONE - discount), -1)
+                top, first = tl.max(gain, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            chosen = take_by_order(tl.zeros([BLOCK_E], tl.int64), chosen, e, e_ok, count - taken)
             keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_TOP_AGG:
             place = places(agg, e_ok, e, e_ok, e, False)

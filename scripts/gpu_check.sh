@@ -25,7 +25,9 @@
 # Options: --sha SHA (recorded in every table; the device gets no .git), --only STAGE[,STAGE] (a
 # subset, e.g. --only tests), --budget SECONDS (total, default 520; the stage boxes scale with it),
 # --boxes STAGE=PERCENT[,...] (a stage's share of the budget instead of its default, e.g.
-# --boxes selection=45,moe_layer=25 when --only leaves out the guard, whose box is the rest).
+# --boxes selection=45,moe_layer=25 when --only leaves out the guard, whose box is the rest),
+# --workers N (pytest-xdist processes for the tests stage, default 8, 0 for one process; the stage
+# is mostly Triton compiles, which then run side by side; used where pytest-xdist imports).
 # SGLang's fused-MoE kernel file is read from .sgl/ when present (see docs/benchmarks.md); without it
 # the benchmarks time torch._grouped_mm and say so.
 set -uo pipefail
@@ -35,14 +37,16 @@ sha=unknown
 only=tests,selection,pdl,moe_layer,kernel_routing,guard
 budget=520
 boxes=
+workers=8
 while [ $# -gt 0 ]; do
     case "$1" in
         --sha) sha=$2; shift 2 ;;
         --only) only=$2; shift 2 ;;
         --budget) budget=$2; shift 2 ;;
         --boxes) boxes=$2; shift 2 ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
-        *) echo "gpu_check.sh: unknown argument $1 (allowed: --sha SHA, --only STAGES, --budget SECONDS, --boxes STAGE=PERCENT,...)" >&2; exit 2 ;;
+        --workers) workers=$2; shift 2 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument $1 (allowed: --sha SHA, --only STAGES, --budget SECONDS, --boxes STAGE=PERCENT,..., --workers N)" >&2; exit 2 ;;
     esac
 done
 if [ "$sha" = unknown ] && git rev-parse --short HEAD >/dev/null 2>&1; then
@@ -105,8 +109,18 @@ print(f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else '
 EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$log"
 
+if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+    echo "gpu_check.sh: --workers $workers: want a number of processes (0: one)" >&2
+    exit 2
+fi
 if wanted tests; then
-    stage tests "$(box tests 25)" python3 -m pytest -v -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
+    parallel=()
+    if [ "$workers" -gt 0 ] && python3 -c "import xdist" >/dev/null 2>&1; then
+        parallel=(-n "$workers")
+    else
+        say "tests run in one process (--workers $workers, or pytest-xdist does not import)"
+    fi
+    stage tests "$(box tests 25)" python3 -m pytest "${parallel[@]}" -v -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py tests/test_kernel_primitives.py \
         tests/test_token_alignment.py \
         tests/test_kernels.py -k "gpu or knocked or per_stream or current_device or sixteen or infinity or primitives"

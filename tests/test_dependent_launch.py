@@ -82,3 +82,44 @@ def test_plugin_launches_dependently_where_supported(monkeypatch, caplog, suppor
     assert asked == [torch.device("cpu")]  # decided once for the device
     logged = [r for r in caplog.records if "programmatic dependents" in r.getMessage()]
     assert len(logged) == (1 if supported else 0)
+
+
+@pytest.mark.sglang
+def test_a_fault_with_dependent_launches_turns_them_off(monkeypatch, caplog) -> None:
+    """A call whose dependent launch fails runs unpruned (counted as a fault), and the device's later
+    calls launch plainly and prune again: a driver or graph that refuses them costs one call."""
+    from sglang.srt.layers.moe.topk import TopKConfig
+
+    from xshare_sglang.sglang_plugin import runtime as runtime_module
+    from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
+    from xshare_sglang.sglang_plugin.runtime import ForwardScope
+    from xshare_sglang.sglang_plugin.settings import PluginSettings
+
+    monkeypatch.setattr(runtime_module, "dependent_launch_supported", lambda device: True)
+    seen: list[bool] = []
+    real_prune_route = runtime_module.prune_route
+
+    def refusing_prune_route(*args, enable_pdl=False, **kwargs):
+        seen.append(enable_pdl)
+        if enable_pdl:
+            raise RuntimeError("programmatic dependent launch refused")
+        return real_prune_route(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_module, "prune_route", refusing_prune_route)
+    cfg = PrunerConfig(policy="xshare", k0=1, budget=8)
+    config = TopKConfig(top_k=TOP_K, renormalize=True, scoring_func="softmax", layer_id=0)
+    state = make_layer_state(config, layer_id=0, row=0, num_experts=NUM_EXPERTS, device="cpu")
+    runtime = make_runtime(PluginSettings(pruner=cfg), {id(config): state}, "cpu")
+    runtime.num_valid_buffer.fill_(NUM_TOKENS)
+    runtime.enter(ForwardScope(phase="decode", tokens_per_request=1, num_valid=runtime.num_valid_buffer, cfg=cfg))
+    routed = []
+    with caplog.at_level("WARNING", logger=runtime_module.__name__):
+        for seed in range(3):
+            call = runtime.begin_call(config, None)
+            routed.append(runtime.route(call, make_logits(NUM_TOKENS, NUM_EXPERTS, "normal", seed=seed), None))
+            runtime.end_call()
+    runtime.leave(None)
+    assert seen == [True, False, False]
+    assert routed[0] is None and routed[1] is not None and routed[2] is not None
+    assert runtime.faults == 1
+    assert any("dependent launches turned off" in r.getMessage() for r in caplog.records)

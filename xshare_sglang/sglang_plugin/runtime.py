@@ -294,8 +294,10 @@ class PrunerRuntime:
         rounding only (docs/policies.md states the bound).
         """
         layer = call.layer
+        dependent = False
         try:
             routing = self.routing_call(call, router_logits, correction_bias)
+            dependent = self.dependent_launch(router_logits.device)
             ids, weights, keep = prune_route(
                 routing,
                 self.scope.cfg,
@@ -303,7 +305,7 @@ class PrunerRuntime:
                 keep_out=layer.keep,
                 metrics_row=self.metrics[layer.row],
                 workspace=self._workspace(router_logits),
-                enable_pdl=self.dependent_launch(router_logits.device),
+                enable_pdl=dependent,
             )
             if model_routing is not None:
                 model_ids, model_weights = model_routing()
@@ -315,6 +317,11 @@ class PrunerRuntime:
                 joined = torch.zeros(num_experts + 1, dtype=torch.bool, device=keep.device)
                 keep |= joined.scatter_(0, served.flatten(), True)[:num_experts]
         except Exception as exc:  # a pruner fault must never take the server down
+            if dependent:
+                # the next calls launch plainly: a driver or graph that refuses dependent launches
+                # then costs one unpruned call, not every call
+                self._dependent_launch[router_logits.device] = False
+                logger.warning("xshare: dependent launches turned off on %s after a fault", router_logits.device)
             self.record_fault(layer, exc)
             return None
         if self.recorder is not None and self.recorder.current is not None:

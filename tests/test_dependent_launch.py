@@ -41,17 +41,30 @@ def test_dependent_launch_supported(monkeypatch, device, capability, interpretin
     assert wrapper.dependent_launch_supported(torch.device(device)) is expected
 
 
+def _decode_runtime():
+    """A plugin runtime over one softmax layer, in a decode forward of NUM_TOKENS real tokens (CPU
+    tensors: the fused path takes the reference, which has no launches to overlap)."""
+    from sglang.srt.layers.moe.topk import TopKConfig
+
+    from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
+    from xshare_sglang.sglang_plugin.runtime import ForwardScope
+    from xshare_sglang.sglang_plugin.settings import PluginSettings
+
+    cfg = PrunerConfig(policy="xshare", k0=1, budget=8)
+    config = TopKConfig(top_k=TOP_K, renormalize=True, scoring_func="softmax", layer_id=0)
+    state = make_layer_state(config, layer_id=0, row=0, num_experts=NUM_EXPERTS, device="cpu")
+    runtime = make_runtime(PluginSettings(pruner=cfg), {id(config): state}, "cpu")
+    runtime.num_valid_buffer.fill_(NUM_TOKENS)
+    runtime.enter(ForwardScope(phase="decode", tokens_per_request=1, num_valid=runtime.num_valid_buffer, cfg=cfg))
+    return runtime, config
+
+
 @pytest.mark.sglang
 @pytest.mark.parametrize("supported", [True, False])
 def test_plugin_launches_dependently_where_supported(monkeypatch, caplog, supported) -> None:
     """The plugin's fused path asks ``prune_route`` for dependent launches exactly where the device
     supports them, decides once per device, and says so in the log when it does."""
-    from sglang.srt.layers.moe.topk import TopKConfig
-
     from xshare_sglang.sglang_plugin import runtime as runtime_module
-    from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
-    from xshare_sglang.sglang_plugin.runtime import ForwardScope
-    from xshare_sglang.sglang_plugin.settings import PluginSettings
 
     asked: list[torch.device] = []
     monkeypatch.setattr(runtime_module, "dependent_launch_supported", lambda device: asked.append(device) or supported)
@@ -60,16 +73,10 @@ def test_plugin_launches_dependently_where_supported(monkeypatch, caplog, suppor
 
     def recording_prune_route(*args, enable_pdl=False, **kwargs):
         seen.append(enable_pdl)
-        # the CPU tensors here take the reference path, which has no launches to overlap
         return real_prune_route(*args, **kwargs)
 
     monkeypatch.setattr(runtime_module, "prune_route", recording_prune_route)
-    cfg = PrunerConfig(policy="xshare", k0=1, budget=8)
-    config = TopKConfig(top_k=TOP_K, renormalize=True, scoring_func="softmax", layer_id=0)
-    state = make_layer_state(config, layer_id=0, row=0, num_experts=NUM_EXPERTS, device="cpu")
-    runtime = make_runtime(PluginSettings(pruner=cfg), {id(config): state}, "cpu")
-    runtime.num_valid_buffer.fill_(NUM_TOKENS)
-    runtime.enter(ForwardScope(phase="decode", tokens_per_request=1, num_valid=runtime.num_valid_buffer, cfg=cfg))
+    runtime, config = _decode_runtime()
     with caplog.at_level("INFO", logger=runtime_module.__name__):
         for seed in range(3):
             call = runtime.begin_call(config, None)
@@ -88,12 +95,7 @@ def test_plugin_launches_dependently_where_supported(monkeypatch, caplog, suppor
 def test_a_fault_with_dependent_launches_turns_them_off(monkeypatch, caplog) -> None:
     """A call whose dependent launch fails runs unpruned (counted as a fault), and the device's later
     calls launch plainly and prune again: a driver or graph that refuses them costs one call."""
-    from sglang.srt.layers.moe.topk import TopKConfig
-
     from xshare_sglang.sglang_plugin import runtime as runtime_module
-    from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
-    from xshare_sglang.sglang_plugin.runtime import ForwardScope
-    from xshare_sglang.sglang_plugin.settings import PluginSettings
 
     monkeypatch.setattr(runtime_module, "dependent_launch_supported", lambda device: True)
     seen: list[bool] = []
@@ -106,12 +108,7 @@ def test_a_fault_with_dependent_launches_turns_them_off(monkeypatch, caplog) -> 
         return real_prune_route(*args, **kwargs)
 
     monkeypatch.setattr(runtime_module, "prune_route", refusing_prune_route)
-    cfg = PrunerConfig(policy="xshare", k0=1, budget=8)
-    config = TopKConfig(top_k=TOP_K, renormalize=True, scoring_func="softmax", layer_id=0)
-    state = make_layer_state(config, layer_id=0, row=0, num_experts=NUM_EXPERTS, device="cpu")
-    runtime = make_runtime(PluginSettings(pruner=cfg), {id(config): state}, "cpu")
-    runtime.num_valid_buffer.fill_(NUM_TOKENS)
-    runtime.enter(ForwardScope(phase="decode", tokens_per_request=1, num_valid=runtime.num_valid_buffer, cfg=cfg))
+    runtime, config = _decode_runtime()
     routed = []
     with caplog.at_level("WARNING", logger=runtime_module.__name__):
         for seed in range(3):

@@ -477,11 +477,11 @@ def _launch(
     lynx = cfg.policy == "lynx"
     # policy none above one program: the routing kernel alone, keeping every expert
     route_only = route and cfg.policy == "none" and not plan.single
-    # the coverage greedy holds every row in registers up to one tile, above it keeps per-expert row
-    # lists (built with atomics into counters the fill below zeroes: never in a single program)
-    # above one program, with top-k scores (each row scores top_k experts, summing to at most 1), it
-    # keeps the gains as column sums less the kept experts' rows of the [E, E] pair sums: each pick
-    # one row, whatever T (both built with atomics, zeroed by the fill below)
+    # the coverage greedy: in one program, every row in registers; above it, with top-k scores (each
+    # row scores top_k experts, summing to at most 1), the gains as column sums less the kept experts'
+    # rows of the [E, E] pair sums (one row per pick, whatever T); with dense scores, above one
+    # register tile, per-expert row lists.  Pair sums and lists are built with atomics into buffers
+    # the fill below zeroes, so never in a single program.
     cover_tile_rows = min(_next_pow2(max(num_tokens, 1)), max(TILE_ELEMENTS // block_e, plan.chunk_rows))
     coverage = policy["mode"] == "MODE_COVERAGE"
     cover_pairs = coverage and not plan.single and cfg.effective_score == "topk"

@@ -19,7 +19,10 @@ run and inside CUDA graphs (``_bench_common.time_graph``: median of graph replay
 * with ``--pdl`` (a GPU of compute capability 9.0+): ``selection_pdl_us`` and ``none_pdl_us``, the same
   calls launched as programmatic dependents (``prune_route(..., enable_pdl=True)``), and
   ``pdl_equal``: their ids, weights and mask equal the plain launch's bit for bit, eagerly and in
-  CUDA-graph replays, on two of the rotated inputs (part of the row's check).
+  CUDA-graph replays, on two of the rotated inputs (part of the row's check); above one program also
+  ``reset_pdl_us``, the dependent call behind the counter reset launch every such call made before
+  the kernels cleared their own counters (a one-program ``fill_kernel`` of the workspace's counters),
+  so that the row shows what dropping that launch saved.
 
 Every row is first checked on one of its inputs: the kernel's keep mask and ids equal the torch
 reference (``policies.prune_route.prune_route``) exactly, the weights within 2e-6 + 2e-5 relative;
@@ -269,7 +272,13 @@ class SelectionCase:
             for logits in self.case.logits
         ]
 
-    def select(self, cfg: PrunerConfig, j: int, pdl: bool = False):
+    def select(self, cfg: PrunerConfig, j: int, pdl: bool = False, reset: bool = False):
+        if reset:
+            # the counter reset launch multi-program calls made before (as a programmatic dependent)
+            from xshare_sglang.kernels._prune_route import fill_kernel
+
+            counters = self.workspace.counters
+            fill_kernel[(1,)](counters, counters.numel(), BLOCK=2048, num_warps=4, launch_pdl=True)
         return prune_route(
             self.calls[j % len(self.calls)],
             cfg,
@@ -356,6 +365,13 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         }
     tokens = sel.case.tokens
     plan = plan_launch(tokens, sel.model.shape.num_experts, sel.case.tokens_per_request, per_request_policy(cfg))
+    if args.pdl:
+        multi = not plan.single and cfg.policy != "none"
+        pdl["reset_pdl_us"] = (
+            round(time_graph(lambda i: sel.select(cfg, i, pdl=True, reset=True), args.calls, args.replays), 2)
+            if multi
+            else None
+        )
     share = selection_us / layer_us
     measured = torch.cuda.is_available()
     checks_ok = (
@@ -394,6 +410,10 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
 
 
 # --------------------------------------------------------------------------------------------- report
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def md_table(rows: list[dict], meta: dict) -> str:
     pdl = any("selection_pdl_us" in r for r in rows)
     lines = [
@@ -407,8 +427,8 @@ def md_table(rows: list[dict], meta: dict) -> str:
         "for T <= 256, then 1%).",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
-        "checks |" + (" pdl sel us | pdl none us |" if pdl else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pdl else ""),
+        "checks |" + (" pdl sel us | pdl none us | pdl sel us behind a reset launch |" if pdl else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if pdl else ""),
     ]
     for r in rows:
         mark = "" if r["goal_met"] is None else (" ✓" if r["goal_met"] else " ✗")
@@ -417,7 +437,7 @@ def md_table(rows: list[dict], meta: dict) -> str:
             f"| {r['model']} | {r['T']} | {r['D']} | {r['policy']} | {r['kept']} | {r['launches']} | {kernels} | "
             f"{r['selection_us']:.1f} | {r['none_us']:.1f} | {r['topk_us']:.1f} | {r['layer_us']:.1f} | "
             f"{100 * r['share']:.1f}%{mark} | {'ok' if r['checks_ok'] else 'FAIL'} |"
-            + (f" {r['selection_pdl_us']:.1f} | {r['none_pdl_us']:.1f} |" if pdl else "")
+            + (f" {r['selection_pdl_us']:.1f} | {r['none_pdl_us']:.1f} | {_us(r.get('reset_pdl_us'))} |" if pdl else "")
         )
     return "\n".join(lines) + "\n"
 

@@ -8,7 +8,8 @@
 #                 ECHO) and the kernel tests that run natively on a GPU (tickets, devices, streams)
 #   2. selection  scripts/bench_selection.py: selection cost per policy, T and router
 #   2b. pdl       scripts/bench_selection.py --pdl on a subset: the same calls launched as programmatic
-#                 dependents, timed and checked bit for bit in CUDA graphs (its table goes to gpu_check.log)
+#                 dependents, timed and checked bit for bit in CUDA graphs, and timed behind the former
+#                 counter reset launch (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -123,7 +124,7 @@ if wanted tests; then
     stage tests "$(box tests 25)" python3 -m pytest "${parallel[@]}" -v -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py tests/test_kernel_primitives.py \
         tests/test_token_alignment.py \
-        tests/test_kernels.py -k "gpu or knocked or per_stream or current_device or sixteen or infinity or primitives"
+        tests/test_kernels.py -k "gpu or leave_the_counters or fails_part_way or per_stream or current_device or sixteen or infinity or primitives"
     keep "$work/gpu_tests.xml"
 fi
 if wanted selection; then
@@ -136,7 +137,7 @@ fi
 if wanted pdl; then
     seconds=$(box pdl 10)
     stage pdl "$seconds" python3 scripts/bench_selection.py --pdl --models qwen3-30b-a3b,deepseek-v3 \
-        --tokens 1,32,512 --policies xshare,lynx \
+        --tokens 1,32,512 --policies xshare,lynx,moe-spec-static \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/pdl" "${sgl_args[@]}"
     [ -f "$work/pdl/selection.md" ] && cat "$work/pdl/selection.md" >>"$log"

@@ -482,40 +482,105 @@ def test_one_layer_call_launches_the_planned_kernels(policy, monkeypatch) -> Non
 # ------------------------------------------------------------------ tickets, workspaces, devices
 
 
+#: Multi-program calls that use every counter of the workspace between them: warm-up and aggregate
+#: (xshare), per-request marks (xshare-spec), LYNX bin counts, picks and aggregate, the coverage
+#: ranking's column sums and pair sums (top-k scores) or row lists (dense scores).
+CLEAN_CASES = {
+    "xshare": dict(policy="xshare", k0=1, budget=8),
+    "xshare-spec": dict(policy="xshare-spec", k0=1, budget=8, request_budget=3),
+    "lynx": dict(policy="lynx", beta=3, max_experts=20),
+    "coverage-topk": dict(policy="moe-spec", ranking="coverage", score="topk", max_experts=16),
+    "coverage-probs": dict(policy="moe-spec", ranking="coverage", score="probs", max_experts=16),
+    "threshold-capped": dict(policy="xshare-threshold", tau=0.8, max_experts=12),
+}
+
+
 @pytest.mark.fused_selection
-@pytest.mark.parametrize("entry", ["prune_route", "select_keep_mask"])
-@pytest.mark.parametrize("policy", ["xshare", "moe-spec", "lynx"])
-def test_knocked_tickets_never_reach_the_next_call(entry, policy) -> None:
-    """A multi-program call after the workspace's tickets, accumulators and expert marks were knocked
-    out of step (as an aborted launch, or a second stream on the same workspace, would leave them)
-    still gives the reference's mask, routing and metrics: every multi-program launch starts its
-    counters and accumulators at 0."""
-    num_tokens, num_experts = 64, 128
-    assert not plan_launch(num_tokens, num_experts, 1, False).single
-    cfg = PrunerConfig(policy=policy, k0=1, budget=8, max_experts=16 if policy == "moe-spec" else None)
+@pytest.mark.parametrize("case", sorted(CLEAN_CASES))
+def test_calls_leave_the_counters_at_zero(case) -> None:
+    """Above one program no launch resets the counters: the last program of each kernel clears what
+    its kernel accumulated.  After every kind of multi-program call (routing with metrics and token
+    alignment, routing alone, the keep mask alone) the tickets, accumulators and marks are all 0
+    again, and two calls in a row on one workspace both give the reference's answer."""
+    from xshare_sglang.kernels import token_alignment
+
+    num_tokens, num_experts, top_k = 64, 128, 8
+    cfg = PrunerConfig(**CLEAN_CASES[case])
+    assert not plan_launch(num_tokens, num_experts, 4, cfg.policy == "xshare-spec").single
     workspace = SelectionWorkspace(num_experts, DEVICE)
-    first = make_logits(num_tokens, num_experts, "normal", seed=1)
-    second = make_logits(num_tokens, num_experts, "normal", seed=2)
-    prune_route(routing_call(first, 8, device=DEVICE), cfg, workspace=workspace)  # leaves a keep mask behind
-    for knock in ([3, 5, 1], [1, 0, 0], [-7, 99, 4], [2**30, 1, -1]):
-        workspace.tickets.copy_(torch.tensor(knock, dtype=torch.int32))
-        workspace.used.fill_(1)
-        workspace.picked.fill_(1)
-        workspace.aggregate.fill_(knock[1] << 20)  # stale accumulators, as a lost call would leave them
-        workspace.warm_marks.fill_(1)
-        workspace.lynx_counts.fill_(3)
-        call = routing_call(second, 8, device=DEVICE, num_valid_tokens=60, as_tensor=True)
+    for seed, entry in enumerate(["metrics+align", "route", "keep_mask", "metrics+align"]):
+        logits = make_logits(num_tokens, num_experts, "normal", seed=seed)
+        call = routing_call(logits, top_k, device=DEVICE, num_valid_tokens=60, as_tensor=True, tokens_per_request=4)
         want_metrics = torch.zeros(4, dtype=torch.int64)
-        want = prune_route_reference(routing_call(second, 8, num_valid_tokens=60), cfg, metrics_row=want_metrics)
-        if entry == "select_keep_mask":
+        want = prune_route_reference(
+            routing_call(logits, top_k, num_valid_tokens=60, tokens_per_request=4), cfg, metrics_row=want_metrics
+        )
+        if entry == "keep_mask":
             keep = select_keep_mask(call, cfg, workspace=workspace)
-            assert keep.cpu().tolist() == want.keep.tolist(), knock
-            continue
+            assert keep.cpu().tolist() == want.keep.tolist(), entry
+        else:
+            metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE) if "metrics" in entry else None
+            alignment = token_alignment(num_tokens, top_k, num_experts, 16, device=DEVICE) if "align" in entry else None
+            got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics, alignment=alignment)
+            assert got.keep.cpu().tolist() == want.keep.tolist(), entry
+            assert torch.equal(got.topk_ids.cpu(), want.topk_ids), entry
+            if metrics is not None:
+                assert metrics.cpu().tolist() == want_metrics.tolist(), entry
+        left = workspace.counters.cpu()
+        assert not left.any(), (entry, left.nonzero().flatten().tolist()[:8])
+
+
+@pytest.mark.fused_selection
+def test_a_call_that_fails_part_way_resets_the_counters(monkeypatch) -> None:
+    """LYNX's aggregate is cleared by its second kernel: when that launch fails after the selection
+    kernel ran, the wrapper zeroes the counters before the error goes on, and the next call on the
+    workspace gives the reference's mask and metrics.  ``reset`` does the same after a foreign write."""
+    num_tokens, num_experts = 64, 128
+    cfg = PrunerConfig(policy="lynx", beta=3, max_experts=20)
+    workspace = SelectionWorkspace(num_experts, DEVICE)
+    logits = make_logits(num_tokens, num_experts, "normal", seed=3)
+    call = routing_call(logits, 8, device=DEVICE)
+    want_metrics = torch.zeros(4, dtype=torch.int64)
+    want = prune_route_reference(routing_call(logits, 8), cfg, metrics_row=want_metrics)
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise RuntimeError("launch refused")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(jit, "lynx_pick_kernel", Refused())
+        ran = []
+        real_select = jit.select_kernel
+        patch.setattr(jit, "select_kernel", _Recording(real_select, ran))
+        with pytest.raises(RuntimeError, match="launch refused"):
+            prune_route(call, cfg, workspace=workspace, metrics_row=torch.zeros(4, dtype=torch.int64, device=DEVICE))
+        assert ran == ["select_kernel"]  # the selection did run (and left its aggregate behind)
+    assert not workspace.counters.cpu().any()
+    workspace.aggregate.fill_(1 << 20)  # a foreign write
+    workspace.tickets.copy_(torch.tensor([3, 5, 1], dtype=torch.int32))
+    workspace.reset()
+    for _ in range(2):
         metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
         got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics)
-        assert got.keep.cpu().tolist() == want.keep.tolist(), knock
-        assert torch.equal(got.topk_ids.cpu(), want.topk_ids), knock
-        assert metrics.cpu().tolist() == want_metrics.tolist(), knock
+        assert got.keep.cpu().tolist() == want.keep.tolist()
+        assert metrics.cpu().tolist() == want_metrics.tolist()
+    assert not workspace.counters.cpu().any()
+
+
+class _Recording:
+    """A jit kernel whose launches are recorded by name and then run."""
+
+    def __init__(self, kernel, log: list) -> None:
+        self.kernel, self.log = kernel, log
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.log.append("select_kernel")
+            return launch(*args, **kwargs)
+
+        return run
 
 
 def test_workspaces_are_kept_per_stream(monkeypatch) -> None:

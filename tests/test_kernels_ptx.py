@@ -130,16 +130,25 @@ def test_dependent_launches_wait_before_touching_memory() -> None:
     the selection (and LYNX's pick kernel) let the next kernel of the call launch early, the routing
     kernel (the call's last, followed by SGLang's kernels) and a one-program call do not; without
     ``enable_pdl`` no kernel holds grid dependency control."""
-    cases = [_case(64, pdl=True), _case(64, "lynx", pdl=True), _case(7, pdl=True), _case(64), _case(7, "lynx")]
-    multi, lynx, single, plain_multi, plain_single = _compile(cases)
+    cases = [
+        _case(64, pdl=True),
+        _case(64, "lynx", pdl=True),
+        _case(7, pdl=True),
+        _case(64),
+        _case(7, "lynx"),
+        _case(64, "moe-spec-coverage", pdl=True),
+    ]
+    multi, lynx, single, plain_multi, plain_single, pairs = _compile(cases)
     wait, trigger = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
-    # the counters are zeroed by a kernel of ours, which waits and then triggers the selection
-    assert set(multi) == {"fill_kernel", "select_kernel", "route_kernel"} and set(single) == {"select_kernel"}
-    assert set(lynx) == {"fill_kernel", "select_kernel", "lynx_pick_kernel", "route_kernel"}
+    # no counter reset launch (each kernel's last program clears its counters); the coverage
+    # ranking's pair sums are zeroed by a kernel of ours, which waits and then triggers the selection
+    assert set(multi) == {"select_kernel", "route_kernel"} and set(single) == {"select_kernel"}
+    assert set(lynx) == {"select_kernel", "lynx_pick_kernel", "route_kernel"}
     assert set(plain_multi) == {"select_kernel", "route_kernel"}
-    for name, ops in [*multi.items(), *lynx.items(), *single.items()]:
+    assert set(pairs) == {"fill_kernel", "select_kernel", "route_kernel"}
+    for name, ops in [*multi.items(), *lynx.items(), *single.items(), *pairs.items()]:
         assert ops[wait] >= 1 and ops["global_before_wait"] == 0, (name, ops)
-    assert multi["fill_kernel"][trigger] >= 1 and lynx["fill_kernel"][trigger] >= 1
+    assert pairs["fill_kernel"][trigger] >= 1 and pairs["select_kernel"][trigger] >= 1
     assert multi["select_kernel"][trigger] >= 1 and multi["route_kernel"][trigger] == 0
     assert lynx["select_kernel"][trigger] >= 1 and lynx["lynx_pick_kernel"][trigger] >= 1
     assert lynx["route_kernel"][trigger] == 0 and single["select_kernel"][trigger] == 0

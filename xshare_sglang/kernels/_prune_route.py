@@ -7,17 +7,28 @@ Three kernels, launched from ``prune_route.py``:
    workspace's accumulators with integer atomics, then takes a ticket from an atomic counter.  The
    program holding the last ticket loads the accumulators and applies the policy's set rule, the
    ``max_experts`` cap and the token range, writes the keep mask and (with metrics) the kept count
-   and retained score mass.  The wrapper zeroes tickets and accumulators before every launch with
-   P > 1 (a counter left out of step by an aborted launch, or by any other writer, can then never
-   stop a later call from finding its last program).  With P = 1 (``SINGLE``) there is no ticket,
-   and the same program then routes every row itself: one launch for the whole layer call.
+   and retained score mass.  Having read them, it puts its ticket and the accumulators back to 0
+   (see "Clean counters" below).  With P = 1 (``SINGLE``) there is no ticket, and the same program
+   then routes every row itself: one launch for the whole layer call.
 2. ``lynx_pick_kernel`` - LYNX with P > 1 only: the selection's last program ranks the experts by
    their LYNX sums and stops; this kernel takes every row's picks in parallel (one tile per program)
-   and its last program finishes the mask.
+   and its last program finishes the mask and clears the picks, the aggregate and its ticket.
 3. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
    the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, the
-   programs mark the experts they route to, and the last one counts them.  For policy ``none``
-   (``ALL_KEPT``) it is the only launch: program 0 writes the full mask.
+   programs mark the experts they route to, and the last one counts them and clears the marks and
+   its ticket.  For policy ``none`` (``ALL_KEPT``) it is the only launch: program 0 writes the full
+   mask.
+
+Clean counters: the workspace's tickets, accumulators and marks are 0 between calls.  Before, the
+wrapper zeroed them ahead of every multi-program call, which cost a launch of its own (a kernel in a
+CUDA graph costs about 1 us on an H200 before it does any work).  Now the last program of each
+kernel, the only reader left once every program holds its ticket (each program's atomics come
+before its ticket, acquire-release), clears what its kernel accumulated after a block barrier that
+puts every thread's loads before the zeros.  Calls on one workspace run in stream order (one
+workspace per stream), so the next call, launched as a programmatic dependent or not, sees the zeros.
+A call that fails after queueing part of its kernels is reset by the wrapper
+(``SelectionWorkspace.reset``).  Only the coverage ranking's [E, E] pair sums are still zeroed
+before the call (``fill_kernel``): its greedy reads just the kept experts' rows.
 
 Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the machine-code counts):
 
@@ -109,11 +120,12 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   rows were faster at T=128 on an H200).  Inside a tile the compiler lays the rows across warps
   (two rows per warp at E=128), so per-row reductions stay within a warp: shuffles, no barriers.
 
-What is still serial: above one tile a call is three launches (the counter reset, the selection,
-the routing) joined by a ticket; on an H200 each kernel in a CUDA graph costs about 1 us before it
-does any work, so this structure alone adds about 3 us over ``none`` whatever the policy (static
-moe-spec, which selects nothing per row, measures it).  Two ways around it were built and timed on
-an H200 (``docs/bench_selection.md``), and neither paid: one launch whose programs wait at a
+What is still serial: above one tile a call is two launches (the selection, the routing) joined by
+a ticket, three for LYNX.  With the counter reset launch it was three, and on an H200 that
+structure alone added about 3.4 us over ``none`` whatever the policy (static moe-spec, which
+selects nothing per row, measures it); the reset launch is gone since (not yet timed on a GPU).
+Two ways around the rest were built and timed on an H200 (``docs/bench_selection.md``), and neither
+paid: one launch whose programs wait at a
 grid-wide barrier for the program that finishes the mask (its handoff cost what the kernel boundary
 did, and it needs every program resident, which Triton's interpreter cannot give), and one program
 of up to 32 rows on more warps (up to 1.8x slower: the set rule's reductions across warps grow with
@@ -123,8 +135,8 @@ plugin turns it on for sm_90+, where it took 1.1-2.8 us off calls of two or thre
 H200) launches each kernel as a programmatic dependent of the one before it: every program first waits on
 the device for its predecessor (``gdc_wait``, before any global memory access), and the selection
 kernel lets its follower launch as it starts (``gdc_launch_dependents``), so the routing kernel's
-launch overlaps the selection rather than following it.  The counters are then zeroed by
-``fill_kernel``, which does the same for the selection kernel.
+launch overlaps the selection rather than following it.  The coverage ranking's pair sums are then
+zeroed by ``fill_kernel``, which does the same for the selection kernel.
 
 Numerics follow ``xshare_sglang.policies.scores`` bit for bit (exp32, fixed-point scores, integer
 aggregates and thresholds, and every division that feeds a mask or a metric correctly rounded with
@@ -1209,8 +1221,9 @@ def select_kernel(
                 chosen = greedy_iterative(warm_r, agg_r, e, e_ok, request_budget, votes_r > 0, REQUEST_TOP, BLOCK_E)
                 base = tl.maximum(base, chosen)
     if not SINGLE:
-        # this program's share, added into the call's accumulators (zeroed by the wrapper before the
-        # launch): integer sums and maxima do not depend on the order the programs arrive in
+        # this program's share, added into the call's accumulators (0 when the call starts: the last
+        # program of the call before cleared them): integer sums and maxima do not depend on the order
+        # the programs arrive in
         if MODE != MODE_ALL and MODE != MODE_STATIC:
             tl.atomic_max(warm_acc_ptr + e, warm, mask=e_ok & (warm != 0), sem="relaxed")
         if NEED_SCORES:
@@ -1524,12 +1537,37 @@ def select_kernel(
                     ALIGN_B,
                     BLOCK_M,
                 )
+    if not SINGLE:
+        if last:
+            # Leave what the programs accumulated at 0 for the next call (no counter reset launch):
+            # every program added its share before its ticket, so nothing writes these any more, and
+            # the barrier puts every thread's loads above before the zeros.  The LYNX aggregate is
+            # still read by lynx_pick_kernel, which clears it.
+            tl.debug_barrier()
+            tl.store(ticket_ptr, 0)
+            if MODE != MODE_ALL and MODE != MODE_STATIC:
+                tl.store(warm_acc_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
+            if NEED_SCORES and not LYNX:
+                tl.store(agg_acc_ptr + e, tl.zeros([BLOCK_E], tl.int64), mask=e_ok)
+            if MODE == MODE_COVERAGE:
+                tl.store(cover_agg_ptr + e, tl.zeros([BLOCK_E], tl.int64), mask=e_ok)
+            if COVER_LISTS:
+                tl.store(cover_count_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
+            if PER_REQUEST:
+                tl.store(base_acc_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
+            if LYNX:
+                bin_id = tl.arange(0, BLOCK_BINS)
+                tl.store(
+                    counts_acc_ptr + e[:, None] * BLOCK_BINS + bin_id[None, :],
+                    tl.zeros([BLOCK_E, BLOCK_BINS], tl.int32),
+                    mask=e_ok[:, None],
+                )
 
 
 @triton.jit
 def fill_kernel(ptr, numel, BLOCK: tl.constexpr):
-    """Zero ``numel`` int32 words at ``ptr``: the workspace's counters before a multi-program call
-    launched as programmatic dependents (``enable_pdl``; otherwise the wrapper zeroes them with torch).
+    """Zero ``numel`` int32 words at ``ptr``: the coverage ranking's pair sums before a multi-program
+    call launched as programmatic dependents (``enable_pdl``; otherwise the wrapper zeroes them with torch).
     It waits for the kernel before it (which may still read the counters) and lets the selection
     kernel launch at once; the selection waits for these zeros on the device."""
     gdc_wait()
@@ -1633,6 +1671,12 @@ def lynx_pick_kernel(
             HAS_METRICS,
             HAS_STATS,
         )
+        # the marks, the aggregate and the ticket back at 0 for the next call (after every thread's loads)
+        tl.debug_barrier()
+        tl.store(ticket_ptr, 0)
+        tl.store(picked_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
+        if NEED_SCORES:
+            tl.store(agg_acc_ptr + e, tl.zeros([BLOCK_E], tl.int64), mask=e_ok)
 
 
 @triton.jit
@@ -1767,9 +1811,12 @@ def route_kernel(
         tl.debug_barrier()
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == tl.num_programs(0) - 1:
+            tl.store(ticket_ptr, 0)  # every program has its ticket: back at 0 for the next call
             if HAS_METRICS:
                 marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
                 tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum((marks != 0).to(tl.int64), axis=0))
+                tl.debug_barrier()  # every thread's loads of the marks before the zeros
+                tl.store(used_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
             if ALIGN:
                 align_finish(
                     ids_ptr,

@@ -285,13 +285,14 @@ class SelectionWorkspace:
         self.mass = torch.zeros(num_experts, dtype=torch.int64, **kw)
         self.lynx_digits = torch.zeros(num_experts, BLOCK_BINS, dtype=torch.int64, **kw)
         self.lynx_rank = torch.zeros(num_experts, dtype=torch.int32, **kw)
-        # Everything a multi-program call accumulates with atomics, in one buffer, so that one fill
-        # resets it before every such call: the three tickets (selection, routing, LYNX picks; one
-        # word of padding), the routing kernel's expert marks, the LYNX picks, the warm-up and
-        # per-request marks, LYNX bin counts, the int64 aggregate scores and the coverage ranking's
-        # column sums (8-byte aligned: the offsets 4 + 20 E and 4 + 22 E words are even), and the
-        # lengths of the coverage ranking's row lists.  After them, 8-byte aligned, the coverage
-        # ranking's [E, E] int64 pair sums, zeroed with the counters only by the calls that use them.
+        # Everything a multi-program call accumulates with atomics, in one buffer that is 0 between
+        # calls (the last program of each kernel clears its share; reset() zeroes it all): the three
+        # tickets (selection, routing, LYNX picks; one word of padding), the routing kernel's expert
+        # marks, the LYNX picks, the warm-up and per-request marks, LYNX bin counts, the int64
+        # aggregate scores and the coverage ranking's column sums (8-byte aligned: the offsets
+        # 4 + 20 E and 4 + 22 E words are even), and the lengths of the coverage ranking's row lists.
+        # After them, 8-byte aligned, the coverage ranking's [E, E] int64 pair sums, zeroed before
+        # each call that uses them.
         n = num_experts
         words = 4 + 25 * n
         self.zeroed = torch.zeros(words + words % 2 + 2 * n * n, dtype=torch.int32, **kw)
@@ -309,6 +310,16 @@ class SelectionWorkspace:
         # ranking=coverage: every row's scores, and for each expert the rows that score it
         self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)
         self.cover_rows = torch.zeros(num_experts, MAX_COVERAGE_TOKENS, dtype=torch.int32, **kw)
+
+    def reset(self) -> None:
+        """Zero the tickets, accumulators and marks (queued on the current stream).
+
+        Every call that completes leaves them at 0 (the last program of each kernel clears what its
+        kernel accumulated), so calls never need this; ``prune_route`` calls it when a call fails
+        after queueing part of its kernels.  Call it yourself after anything else wrote into the
+        workspace (the one rule: a workspace serves one stream).
+        """
+        self.counters.zero_()
 
 
 _workspaces: dict[tuple[torch.device, int, int], SelectionWorkspace] = {}
@@ -366,13 +377,38 @@ def _policy_args(cfg: PrunerConfig, call: RoutingCall) -> dict:
     )
 
 
-def _launch(
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _launch(call: RoutingCall, cfg: PrunerConfig, *, workspace: SelectionWorkspace | None, **kwargs) -> None:
+    """Launch the call's kernels on ``workspace`` (the shared one of the device, E and stream when
+    None).  The kernels leave the workspace's counters at 0 when they complete; a call that fails
+    part-way (a compile or launch error after an earlier kernel of the call was queued) resets them,
+    so that the next call finds them at 0 as well.  Not while a CUDA graph is being captured, where
+    nothing ran."""
+    logits = call.logits
+    num_experts = logits.shape[1]
+    ws = workspace if workspace is not None else default_workspace(num_experts, logits.device)
+    if ws.num_experts != num_experts or ws.device != canonical_device(logits.device):
+        raise ValueError(
+            f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {logits.device}"
+        )
+    try:
+        _launch_kernels(call, cfg, ws, **kwargs)
+    except BaseException:
+        if not _capturing(ws.device):
+            ws.reset()
+        raise
+
+
+def _launch_kernels(
     call: RoutingCall,
     cfg: PrunerConfig,
+    ws: SelectionWorkspace,
     *,
     route: bool,
     keep: torch.Tensor,
-    workspace: SelectionWorkspace | None,
     ids: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     fill_dropped: bool = False,
@@ -385,11 +421,6 @@ def _launch(
 
     logits, router = call.logits, call.router
     num_tokens, num_experts = logits.shape
-    ws = workspace if workspace is not None else default_workspace(num_experts, logits.device)
-    if ws.num_experts != num_experts or ws.device != canonical_device(logits.device):
-        raise ValueError(
-            f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {logits.device}"
-        )
     policy = _policy_args(cfg, call)
     per_request = per_request_policy(cfg)
     plan = plan_launch(num_tokens, num_experts, call.tokens_per_request, per_request)
@@ -487,16 +518,17 @@ def _launch(
     cover_pairs = coverage and not plan.single and cfg.effective_score == "topk"
     cover_lists = coverage and not cover_pairs and num_tokens > cover_tile_rows
     assert not (cover_lists and plan.single), "coverage row lists need the multi-program fill"
-    if not plan.single and (has_metrics or align or not route_only):
-        # tickets, accumulators and expert marks start every multi-program call at 0, whatever an
-        # earlier call left; as a programmatic dependent, by a kernel of ours that lets the selection
-        # launch while it runs
-        zeroed = ws.zeroed if cover_pairs else ws.counters
+    if cover_pairs:
+        # the [E, E] pair sums start at 0 (the greedy reads only the kept experts' rows, so the kernels
+        # cannot clear the rest); as a programmatic dependent, by a kernel of ours that lets the
+        # selection launch while it runs.  Tickets, accumulators and marks need no reset: the last
+        # program of each kernel leaves them at 0 (see _prune_route, "Clean counters").
+        pairs = ws.cover_pairs.view(-1).view(torch.int32)
         if enable_pdl:
-            programs = max(1, min(64, -(-zeroed.numel() // 8192)))
-            jit.fill_kernel[(programs,)](zeroed, zeroed.numel(), BLOCK=2048, num_warps=4, launch_pdl=True)
+            programs = max(1, min(64, -(-pairs.numel() // 8192)))
+            jit.fill_kernel[(programs,)](pairs, pairs.numel(), BLOCK=2048, num_warps=4, launch_pdl=True)
         else:
-            zeroed.zero_()
+            pairs.zero_()
     if route and not plan.single:
         route_args = dict(
             HAS_METRICS=has_metrics,

@@ -2,8 +2,9 @@
 
 Capture one pruned layer call (selection and routing) once at a fixed batch shape, replay several
 times with new logits and new real-token counts, and compare every replay with the torch reference:
-keep and ids exactly, weights within tolerance, metrics exactly; no host syncs allowed
-(torch.cuda.set_sync_debug_mode("error")) and no allocation per call.
+keep and ids exactly, weights within tolerance, metrics exactly, the workspace's counters back at 0
+after every replay; no host syncs allowed (torch.cuda.set_sync_debug_mode("error")) and no
+allocation per call.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ def _check_replays(cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, 
         assert torch.equal(ids.cpu(), want.topk_ids), label
         torch.testing.assert_close(weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE)
         assert metrics.cpu().tolist() == want_metrics.tolist(), label
+        # no call resets the counters first: each kernel's last program left them at 0 for the next
+        left = workspace.counters.cpu()
+        assert not left.any(), (label, left.nonzero().flatten().tolist()[:8])
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -21,6 +21,7 @@ from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig
 from xshare_sglang.calibration_file import REDUNDANCY_BITS, allocate_layer_budgets
 from xshare_sglang.kernels import prune_route
+from xshare_sglang.policies.api import select
 from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.greedy import coactivation_add, coverage_add
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
@@ -244,6 +245,30 @@ def test_kernel_matches_reference(tmp_path, variant: str, num_tokens: int, num_e
         assert got.keep.cpu().tolist() == want.keep.tolist(), label
         assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
         torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("num_tokens", [4096, 4097])
+def test_coactivation_keys_at_the_largest_batch(tmp_path, num_tokens: int) -> None:
+    """Up to 4096 tokens the co-activation greedy takes each pick as the maximum of one packed key,
+    gain << 10 | (1023 - e), which holds while a gain is below 2**52: here one expert's probability
+    is close to 1 on every row, so its aggregate is close to the bound (T * 2**24 = 2**36), and ties
+    come from integer logits.  Above 4096 tokens the picks take the gain and its index apart.  Both
+    equal the reference."""
+    from xshare_sglang.kernels.prune_route import MAX_KEYED_COACT_TOKENS
+
+    assert MAX_KEYED_COACT_TOKENS == 4096
+    num_experts = 128
+    path = _calibration_file(tmp_path, num_layers=2, num_experts=num_experts, seed=5)
+    cfg = PrunerConfig(policy="moe-spec", max_experts=24, ranking="coactivation", static_ranking_path=str(path))
+    router = RouterSpec(8, renormalize=True)
+    for layer, style in enumerate(["normal", "integers"]):
+        logits = make_logits(num_tokens, num_experts, style, num_tokens + layer)
+        logits[:, 3] = 40.0  # exp(-40) of the others still leaves them shares on the 2**-24 grid
+        want_keep, want_agg = select(routing_call(logits, router, layer_id=layer), cfg)
+        assert int(want_agg.max()) > 2**35  # near the bound of the packed key
+        got = prune_route(routing_call(logits, router, device=DEVICE, layer_id=layer), cfg)
+        assert got.keep.cpu().tolist() == want_keep.tolist(), (num_tokens, style)
 
 
 @pytest.mark.fused_selection

@@ -51,6 +51,8 @@ MAX_TILE_ROWS = 8  # more programs of fewer rows: 20-35% faster calls at T=128, 
 MAX_PARTS = 64  # programs of the selection (each adds its share into the accumulators with atomics)
 # ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
 MAX_COVERAGE_TOKENS = 1024
+# the co-activation greedy packs gain and index into one int64 key up to this many tokens (gain < 2**52)
+MAX_KEYED_COACT_TOKENS = 4096
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
@@ -597,6 +599,7 @@ def _launch_kernels(
         COVER_T=cover_tile_rows,
         COVER_LISTS=cover_lists,
         COVER_PAIRS=cover_pairs,
+        COACT_KEYS=num_tokens <= MAX_KEYED_COACT_TOKENS,
         CHUNK_T=plan.chunk_rows,
         ROUTE_T=plan.route_rows,
         KEY_SHIFT=key_shift,

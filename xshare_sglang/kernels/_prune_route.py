@@ -72,13 +72,17 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   scores sum to at most one, and a gain is ``ONE * column sum - sum over kept i of C[i, j]`` with the
   pair sums ``C[i, j] = sum_t c[t, i] c[t, j]``.  Each program adds its rows' top_k x top_k pairs with
   atomics (one packed int32 reduction per pick gives its score and id); each pick of the last program
-  is one row of ``C``, whatever T.  Exact: the same integers, summed in any order.  Dense scores
-  (``score="probs"``) keep the lists.  The greedy picks of coverage and co-activation ran ``count``
-  times; gains never grow, and once none is left the reference takes the rest by aggregate (or index)
-  then index, so the picks are a ``while`` loop that stops there and one sort of the packed keys
-  (``take_by_order``) takes the rest: with top-k scores a batch of T tokens has at most T x top_k
-  experts that gain.  Exact: the same picks in the same order, the tail of equal gains in the
-  reference's tie order.
+  is one row of ``C``, whatever T.  Exact: the same integers, summed in any order.  There each pick
+  is also one maximum instead of two (the gain, then its tie-break by aggregate and index): the
+  experts' places in the order (agg desc, index asc) come from one [E, E] order before the picks,
+  and ``gain << 20 | (1023 - place) << 10 | e`` is one int64 key (gains below 2**42: at most 1024
+  tokens of 2**32; places and ids below 1024), 72 instructions, 3 barriers and 14 shuffles per pick
+  instead of 123, 6 and 28 (E=128).  Dense scores (``score="probs"``) keep the lists.  The greedy
+  picks of coverage and co-activation ran ``count`` times; gains never grow, and once none is left
+  the reference takes the rest by aggregate (or index) then index, so the picks are a ``while`` loop
+  that stops there and one sort of the packed keys (``take_by_order``) takes the rest: with top-k
+  scores a batch of T tokens has at most T x top_k experts that gain.  Exact: the same picks in the
+  same order, the tail of equal gains in the reference's tie order.
 * The greedy picks of the co-activation ranking and of the per-request sets took two reductions per
   pick (the maximum, then the first index holding it); now one ``tl.argmax`` over (value, index)
   pairs, first index on ties: half the block barriers per pick (6 -> 3 at E=128).  Exact: the same
@@ -1340,17 +1344,22 @@ def select_kernel(
             taken = tl.zeros([], tl.int32)
             if COVER_PAIRS:
                 # before any pick every row is uncovered: a gain is COVER_ONE times the column sum;
-                # keeping an expert takes its row of C (the pair sums) off every gain
+                # keeping an expert takes its row of C (the pair sums) off every gain.  Each pick is
+                # one maximum of gain << 20 | (1023 - tie) << 10 | e, with tie the expert's place in
+                # the order (agg desc, index asc): gains stay below 2**42 (at most 1024 tokens of
+                # 2**32 each), places and ids below 1024
+                tie = places(agg, e_ok, e, e_ok, e, False).to(tl.int64)
+                low = ((1023 - tie) << 10) | e
                 gain = tl.load(cover_agg_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") << COVER_BITS
-                key, top = coverage_top(gain, chosen, e_ok)
-                while (taken < picks) & (top > 0):
-                    first = coverage_first(key, top, agg, e)
+                best = tl.max(tl.where(e_ok, (gain << 20) | low, -1), axis=0)
+                while (taken < picks) & ((best >> 20) > 0):
+                    first = (best & 1023).to(tl.int32)
                     gain -= tl.load(
                         cover_pairs_ptr + first.to(tl.int64) * num_experts + e, mask=e_ok, other=0, cache_modifier=".cg"
                     )
                     chosen = tl.where(e == first, 1, chosen)
                     taken += 1
-                    key, top = coverage_top(gain, chosen, e_ok)
+                    best = tl.max(tl.where(e_ok & (chosen == 0), (gain << 20) | low, -1), axis=0)
             elif COVER_LISTS:
                 # the gains are kept up to date: before any pick every row is uncovered and a gain is
                 # COVER_ONE times the column sum; a pick changes only the rows on its list, so only

@@ -6,8 +6,8 @@ run and inside CUDA graphs (``_bench_common.time_graph``: median of graph replay
 * ``launches``: Triton kernel launches of one eager ``prune_route`` call (the launcher is wrapped and
   counted); on CUDA also ``device_kernels``, every kernel torch's profiler sees in that call (Triton or
   not: a stray copy or fill would show here);
-* ``selection_us``: ``prune_route`` alone, with preallocated outputs and workspace, as the server runs
-  it (keep mask and routing in place of SGLang's top-k);
+* ``selection_us``: ``prune_route`` alone, with preallocated outputs, workspace and per-layer metrics
+  row, as the serving plugin calls it (keep mask and routing in place of SGLang's top-k);
 * ``topk_us``: the unpruned top-k it replaces, as SGLang's torch-native path computes it (softmax or
   sigmoid, top-k, renormalization; for DeepSeek-V3 the biased group-limited top-k).  SGLang's CUDA
   path uses ``sgl_kernel`` ops that a bare GPU node does not have, so this is a stand-in, recorded as
@@ -25,8 +25,9 @@ run and inside CUDA graphs (``_bench_common.time_graph``: median of graph replay
   so that the row shows what dropping that launch saved.
 
 Every row is first checked on one of its inputs: the kernel's keep mask and ids equal the torch
-reference (``policies.prune_route.prune_route``) exactly, the weights within 2e-6 + 2e-5 relative;
-eager calls allocate nothing on the device.  A failed check marks the row and the script exits 1.
+reference (``policies.prune_route.prune_route``) exactly, the weights within 2e-6 + 2e-5 relative,
+the call's metrics equal the reference's (``metrics_equal``); eager calls allocate nothing on the
+device.  A failed check marks the row and the script exits 1.
 
 Shapes: Qwen3-30B-A3B (E=128, top-8, softmax), GPT-OSS-120B (E=128, top-4, softmax) and DeepSeek-V3
 (E=256, top-8, sigmoid with correction bias, 8 groups of which 4 are kept, routed scaling 2.5; the
@@ -259,6 +260,9 @@ class SelectionCase:
         self.ids = torch.empty(tokens, top_k, dtype=torch.int32, device=device)
         self.weights = torch.empty(tokens, top_k, dtype=torch.float32, device=device)
         self.workspace = SelectionWorkspace(num_experts, device)
+        # the per-layer metrics row the serving plugin passes with every call (policy none, the fused
+        # top-k stand-in, runs without: a top-k keeps no metrics)
+        self.metrics = torch.zeros(4, dtype=torch.int64, device=device)
         # one call per rotated input, built (and checked) once, as the server builds one per layer call
         self.calls = [
             RoutingCall(
@@ -285,6 +289,7 @@ class SelectionCase:
             keep_out=self.keep,
             ids_out=self.ids,
             weights_out=self.weights,
+            metrics_row=None if cfg.policy == "none" else self.metrics,
             workspace=self.workspace,
             enable_pdl=pdl,
         )
@@ -301,10 +306,12 @@ class SelectionCase:
         c = self.case
         self.select(cfg, 0)  # compiles
         sync()
+        self.metrics.zero_()
         before = _allocated()
         got = self.select(cfg, 0)
         sync()
         allocated = _allocated() - before
+        got_metrics = self.metrics.cpu()
         on_cpu = RoutingCall(
             c.logits[0].cpu(),
             self.model.router,
@@ -313,7 +320,8 @@ class SelectionCase:
             expert_to_rank=self.ranks.cpu(),
             correction_bias=self.bias.cpu() if self.bias is not None else None,
         )
-        ref = prune_route_reference(on_cpu, cfg)
+        want_metrics = torch.zeros(4, dtype=torch.int64)
+        ref = prune_route_reference(on_cpu, cfg, metrics_row=None if cfg.policy == "none" else want_metrics)
         ids_equal = torch.equal(got.topk_ids.cpu(), ref.topk_ids) and torch.equal(got.keep.cpu(), ref.keep)
         got_weights = got.topk_weights.cpu()
         weight_err = float((got_weights - ref.topk_weights).abs().max()) if c.tokens else 0.0
@@ -323,6 +331,7 @@ class SelectionCase:
             "ids_equal": bool(ids_equal),
             "weights_close": bool(close),
             "weight_max_err": weight_err,
+            "metrics_equal": bool(torch.equal(got_metrics, want_metrics)),
             "eager_alloc_bytes": allocated,
         }
 
@@ -377,6 +386,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
     checks_ok = (
         check["ids_equal"]
         and check["weights_close"]
+        and check["metrics_equal"]
         and check["eager_alloc_bytes"] == 0
         and tuple(kernels) == plan.kernels(cfg.policy)
         and pdl.get("pdl_equal", True)
@@ -403,6 +413,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         "ids_equal": check["ids_equal"],
         "weights_close": check["weights_close"],
         "weight_max_err": check["weight_max_err"],
+        "metrics_equal": check["metrics_equal"],
         "eager_alloc_bytes": check["eager_alloc_bytes"],
         **pdl,
         "checks_ok": bool(checks_ok),
@@ -422,9 +433,9 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"{meta['device']}; torch {meta['torch']}, triton {meta['triton']}; MoE {meta['moe_backend']}; "
         f"git {meta['git_sha'][:12]}; {meta['date']}.",
         f"Times in us per call: median of {meta['replays']} replays of CUDA graphs of {meta['calls_per_graph']} "
-        f"calls over {meta['rotate']} rotated inputs. top-k = {meta['topk_source']}; none = prune_route with "
-        "policy none (a one-launch fused top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% "
-        "for T <= 256, then 1%).",
+        f"calls over {meta['rotate']} rotated inputs. sel = prune_route with the serving plugin's metrics row; "
+        f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
+        "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
         "checks |" + (" pdl sel us | pdl none us | pdl sel us behind a reset launch |" if pdl else ""),

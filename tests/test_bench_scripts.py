@@ -57,7 +57,7 @@ def test_bench_selection_smoke(tmp_path) -> None:
         want = ["select_kernel"] if single else ["select_kernel", *lynx_picks, "route_kernel"]
         assert r["launches"] == len(want), r
         assert r["kernels"] == "+".join(want), r
-        assert r["ids_equal"] and r["weights_close"] and r["eager_alloc_bytes"] == 0, r
+        assert r["ids_equal"] and r["weights_close"] and r["metrics_equal"] and r["eager_alloc_bytes"] == 0, r
         assert r["checks_ok"] and r["goal_met"] is None  # CPU times are not judged
         assert r["D"] == (4 if r["policy"] in ("xshare-spec", "moe-spec-request") else 1)
     assert (tmp_path / "selection.csv").read_text().startswith("model,E,top_k,T,D,policy,settings,kept,launches")

@@ -7,6 +7,7 @@ here, with the arguments the wrapper passes and Triton's own argument specializa
   metric one fixed-point unit off the reference on an H200.  (The routing weights keep the plain
   ``/``: they are compared within a tolerance, and a correctly rounded division there cost 2.3 us
   per call at T=1 on an H200.)
+* The per-call metrics are added with relaxed atomics, never loaded back (one launch).
 * Every family of kernel configurations compiles (policies, one launch and two, top-k 1 to 16, the
   four routers, dropped slots filled or not, metrics on or off).
 """
@@ -63,6 +64,21 @@ def test_retained_mass_divides_correctly_rounded() -> None:
     assert with_metrics["div.rn.f32"] > without["div.rn.f32"], (with_metrics, without)
     for op in ("div.full.f32", "div.approx.f32", "div.approx.ftz.f32"):
         assert with_metrics[op] == without[op], (op, with_metrics, without)
+
+
+@pytest.mark.fused_selection
+def test_metrics_are_added_without_reading_them_back() -> None:
+    """A one-launch call adds its four metrics with relaxed int64 atomics whose result is unused (a
+    reduction the GPU queues without waiting) and loads no more than the same call without metrics.
+    A load-add-store per metric waited a memory round trip each and held back the routing's loads."""
+    policies = ("none", "xshare", "moe-spec")
+    compiled = _compile([_case(7, policy, metrics=metrics) for policy in policies for metrics in (True, False)])
+    for policy, with_metrics, without in zip(policies, compiled[::2], compiled[1::2], strict=True):
+        assert set(with_metrics) == {"select_kernel"}, policy
+        got, plain = with_metrics["select_kernel"], without["select_kernel"]
+        assert got["ld.global"] == plain["ld.global"], (policy, got, plain)
+        added = got["atom.global.gpu.relaxed.add.u64"] - plain["atom.global.gpu.relaxed.add.u64"]
+        assert added == 4, (policy, got, plain)
 
 
 @pytest.mark.fused_selection

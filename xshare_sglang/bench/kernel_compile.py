@@ -25,6 +25,8 @@ PTX_OPS = (
     "div.rn.f32",
     "griddepcontrol.wait",
     "griddepcontrol.launch_dependents",
+    "ld.global",
+    "atom.global.gpu.relaxed.add.u64",
 )
 GLOBAL_MEMORY_OPS = ("ld.global", "st.global", "atom.global", "red.global")
 
@@ -79,7 +81,8 @@ def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):
 
 
 def ptx_counts(compiled) -> dict[str, int]:
-    """How often each operation of :data:`PTX_OPS` (divisions, grid dependency control) occurs in the
+    """How often each operation of :data:`PTX_OPS` (divisions, grid dependency control, global loads,
+    relaxed int64 atomic adds) occurs in the
     kernel's PTX, and ``global_before_wait``: the global memory operations written before its first
     ``griddepcontrol.wait`` (all of them when it has none)."""
     ptx = compiled.asm["ptx"]

@@ -871,6 +871,12 @@ def route_block(
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
+def add_metric(ptr, value):
+    """Add ``value`` (an integer) to one int64 metric: a relaxed atomic nobody waits for (see finish_keep)."""
+    tl.atomic_add(ptr, tl.zeros([], tl.int64) + value, sem="relaxed")
+
+
+@triton.jit
 def finish_keep(
     keep,
     warm_b,
@@ -888,9 +894,15 @@ def finish_keep(
     HAS_RANGE: tl.constexpr,
     HAS_METRICS: tl.constexpr,
     HAS_STATS: tl.constexpr,
+    NEED_SCORES: tl.constexpr,
 ):
     """The end of every set rule: the ``max_experts`` cap (warm-up experts first, then by aggregate),
-    the token range, then store the mask, the score stats and the per-call metrics.  Returns keep."""
+    the token range, then store the mask, the score stats and the per-call metrics.  Returns keep.
+
+    The metrics are added with relaxed atomics whose result is unused (``RED`` on sm_90): the GPU
+    queues them without waiting, where a load-add-store waited a memory round trip per column and
+    held back every load after it (the routing's logits in a one-program call).  Without scores
+    (policy ``none``, every expert kept) the retained mass is whole."""
     if HAS_CAP:
         cap_key = warm_b.to(tl.int64) * WARM_FIRST + agg
         place = places(cap_key, keep, e, e_ok, e, False)
@@ -904,14 +916,17 @@ def finish_keep(
         tl.store(stats_ptr, tl.sum(tl.where(keep, agg, 0), axis=0))
         tl.store(stats_ptr + 1, tl.sum(agg, axis=0))
     if HAS_METRICS:
-        total = tl.sum(agg, axis=0)
-        kept_total = tl.sum(tl.where(keep, agg, 0), axis=0)
-        # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
-        ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
-        retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
-        tl.store(metrics_ptr + 1, tl.load(metrics_ptr + 1) + tl.sum(keep.to(tl.int64), axis=0))
-        tl.store(metrics_ptr + 2, tl.load(metrics_ptr + 2) + retained)
-        tl.store(metrics_ptr + 3, tl.load(metrics_ptr + 3) + 1)
+        if NEED_SCORES:
+            total = tl.sum(agg, axis=0)
+            kept_total = tl.sum(tl.where(keep, agg, 0), axis=0)
+            # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
+            ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
+            retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
+        else:
+            retained = tl.full([], 1 << 24, tl.int64)
+        add_metric(metrics_ptr + 1, tl.sum(keep.to(tl.int32), axis=0))
+        add_metric(metrics_ptr + 2, retained)
+        add_metric(metrics_ptr + 3, 1)
     return keep
 
 
@@ -1488,6 +1503,7 @@ def select_kernel(
             HAS_RANGE,
             HAS_METRICS,
             HAS_STATS,
+            NEED_SCORES,
         )
 
         # phase C in the same program (P = 1)
@@ -1550,7 +1566,7 @@ def select_kernel(
                         ALIGN_B,
                     )
             if HAS_METRICS:
-                tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum(used.to(tl.int64), axis=0))
+                add_metric(metrics_ptr, tl.sum(used, axis=0))
             if ALIGN:
                 tl.debug_barrier()
                 align_finish(
@@ -1704,6 +1720,7 @@ def lynx_pick_kernel(
             HAS_RANGE,
             HAS_METRICS,
             HAS_STATS,
+            NEED_SCORES,
         )
         # the marks, the aggregate and the ticket back at 0 for the next call (after every thread's loads)
         tl.debug_barrier()
@@ -1780,9 +1797,9 @@ def route_kernel(
         if pid == 0:
             tl.store(keep_ptr + e, keep, mask=e_ok)
             if HAS_METRICS:
-                tl.store(metrics_ptr + 1, tl.load(metrics_ptr + 1) + num_experts)
-                tl.store(metrics_ptr + 2, tl.load(metrics_ptr + 2) + (1 << 24))
-                tl.store(metrics_ptr + 3, tl.load(metrics_ptr + 3) + 1)
+                add_metric(metrics_ptr + 1, num_experts)
+                add_metric(metrics_ptr + 2, 1 << 24)
+                add_metric(metrics_ptr + 3, 1)
     else:
         keep = (tl.load(keep_ptr + e, mask=e_ok, other=0) != 0) & e_ok
     rows = pid * CHUNK_T + tl.arange(0, CHUNK_T)
@@ -1848,7 +1865,7 @@ def route_kernel(
             tl.store(ticket_ptr, 0)  # every program has its ticket: back at 0 for the next call
             if HAS_METRICS:
                 marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-                tl.store(metrics_ptr, tl.load(metrics_ptr) + tl.sum((marks != 0).to(tl.int64), axis=0))
+                add_metric(metrics_ptr, tl.sum((marks != 0).to(tl.int32), axis=0))
                 tl.debug_barrier()  # every thread's loads of the marks before the zeros
                 tl.store(used_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
             if ALIGN:

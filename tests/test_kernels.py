@@ -531,6 +531,33 @@ def test_calls_leave_the_counters_at_zero(case) -> None:
 
 
 @pytest.mark.fused_selection
+@pytest.mark.parametrize("policy", ["none", "oea"])
+def test_activated_experts_counted_by_whichever_program_routes_them(policy) -> None:
+    """Above one tile the routing kernel counts an expert as activated in the program whose atomic add
+    completes the expert's visits (the last program here, where programs run in order).  One expert is
+    picked only by a row of the last routing program, one only by a row of the first, several by
+    none: the activated count equals the reference's, and the visit words are back at 0."""
+    num_tokens, num_experts, top_k = 40, 64, 2
+    plan = plan_launch(num_tokens, num_experts, 1, False)
+    assert plan.route_programs >= 3 and (num_tokens - 1) // plan.route_rows == plan.route_programs - 1
+    logits = make_logits(num_tokens, num_experts, "normal", seed=5)
+    logits[:, :6] = -20.0  # experts 0-5: picked by no row, except below
+    logits[num_tokens - 1, 0] = 20.0  # expert 0: the last row only (the last routing program)
+    logits[0, 1] = 20.0  # expert 1: the first row only (the first routing program)
+    cfg = PrunerConfig(policy=policy, k0=1)
+    want_metrics = torch.zeros(4, dtype=torch.int64)
+    want = prune_route_reference(routing_call(logits, top_k), cfg, metrics_row=want_metrics)
+    assert {0, 1} <= set(want.topk_ids.flatten().tolist()) and not {2, 3, 4, 5} & set(want.topk_ids.flatten().tolist())
+    workspace = SelectionWorkspace(num_experts, DEVICE)
+    for _ in range(2):  # a second call on the same words
+        metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+        got = prune_route(routing_call(logits, top_k, device=DEVICE), cfg, workspace=workspace, metrics_row=metrics)
+        assert torch.equal(got.topk_ids.cpu(), want.topk_ids)
+        assert metrics.cpu().tolist() == want_metrics.tolist()
+        assert not workspace.visits.cpu().any()
+
+
+@pytest.mark.fused_selection
 def test_a_call_that_fails_part_way_resets_the_counters(monkeypatch) -> None:
     """LYNX's aggregate is cleared by its second kernel: when that launch fails after the selection
     kernel ran, the wrapper zeroes the counters before the error goes on, and the next call on the

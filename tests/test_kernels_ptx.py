@@ -7,7 +7,8 @@ here, with the arguments the wrapper passes and Triton's own argument specializa
   metric one fixed-point unit off the reference on an H200.  (The routing weights keep the plain
   ``/``: they are compared within a tolerance, and a correctly rounded division there cost 2.3 us
   per call at T=1 on an H200.)
-* The per-call metrics are added with relaxed atomics, never loaded back (one launch).
+* The per-call metrics are added with relaxed atomics, never loaded back; above one tile the routing
+  kernel counts the activated experts without a ticket.
 * Every family of kernel configurations compiles (policies, one launch and two, top-k 1 to 16, the
   four routers, dropped slots filled or not, metrics on or off).
 """
@@ -79,6 +80,23 @@ def test_metrics_are_added_without_reading_them_back() -> None:
         assert got["ld.global"] == plain["ld.global"], (policy, got, plain)
         added = got["atom.global.gpu.relaxed.add.u64"] - plain["atom.global.gpu.relaxed.add.u64"]
         assert added == 4, (policy, got, plain)
+
+
+@pytest.mark.fused_selection
+def test_routing_counts_activated_experts_without_a_ticket() -> None:
+    """Above one tile the routing kernel counts the activated experts with one relaxed atomic add per
+    expert (visits and marks in one word) and no acquire-release ticket; it loads nothing more than
+    without metrics.  With the token alignment the ticket stays: the last program aligns the slots."""
+    cases = [_case(64, policy, metrics=metrics) for policy in ("none", "xshare") for metrics in (True, False)]
+    cases.append(_case(64, "xshare", align=16))
+    *compiled, aligned = _compile(cases)
+    for with_metrics, without in zip(compiled[::2], compiled[1::2], strict=True):
+        got, plain = with_metrics["route_kernel"], without["route_kernel"]
+        assert got["atom.global.gpu.acq_rel"] == plain["atom.global.gpu.acq_rel"] == 0, (got, plain)
+        assert got["ld.global"] == plain["ld.global"], (got, plain)
+        # the visit of each expert, the activated count, and (policy none) the three call metrics
+        assert got["atom.global.gpu.relaxed.add.u64"] > plain["atom.global.gpu.relaxed.add.u64"], (got, plain)
+    assert aligned["route_kernel"]["atom.global.gpu.acq_rel"] == 1, aligned
 
 
 @pytest.mark.fused_selection

@@ -27,6 +27,7 @@ PTX_OPS = (
     "griddepcontrol.launch_dependents",
     "ld.global",
     "atom.global.gpu.relaxed.add.u64",
+    "atom.global.gpu.acq_rel",
 )
 GLOBAL_MEMORY_OPS = ("ld.global", "st.global", "atom.global", "red.global")
 
@@ -82,7 +83,7 @@ def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):
 
 def ptx_counts(compiled) -> dict[str, int]:
     """How often each operation of :data:`PTX_OPS` (divisions, grid dependency control, global loads,
-    relaxed int64 atomic adds) occurs in the
+    relaxed int64 atomic adds, acquire-release atomics: tickets) occurs in the
     kernel's PTX, and ``global_before_wait``: the global memory operations written before its first
     ``griddepcontrol.wait`` (all of them when it has none)."""
     ptx = compiled.asm["ptx"]

@@ -14,10 +14,10 @@ Three kernels, launched from ``prune_route.py``:
    their LYNX sums and stops; this kernel takes every row's picks in parallel (one tile per program)
    and its last program finishes the mask and clears the picks, the aggregate and its ticket.
 3. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
-   the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, the
-   programs mark the experts they route to, and the last one counts them and clears the marks and
-   its ticket.  For policy ``none`` (``ALL_KEPT``) it is the only launch: program 0 writes the full
-   mask.
+   the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, each
+   program adds a visit (and a mark where it routed a token) to every expert's word, and the
+   program that completes an expert's visits counts it if marked and clears the word: no ticket.
+   For policy ``none`` (``ALL_KEPT``) it is the only launch: program 0 writes the full mask.
 
 Clean counters: the workspace's tickets, accumulators and marks are 0 between calls.  Before, the
 wrapper zeroed them ahead of every multi-program call, which cost a launch of its own (a kernel in a
@@ -27,8 +27,12 @@ before its ticket, acquire-release), clears what its kernel accumulated after a 
 puts every thread's loads before the zeros.  Calls on one workspace run in stream order (one
 workspace per stream), so the next call, launched as a programmatic dependent or not, sees the zeros.
 A call that fails after queueing part of its kernels is reset by the wrapper
-(``SelectionWorkspace.reset``).  Only the coverage ranking's [E, E] pair sums are still zeroed
-before the call (``fill_kernel``): its greedy reads just the kept experts' rows.
+(``SelectionWorkspace.reset``).  The routing kernel's activated-expert count needs no last program:
+an expert's visit word is cleared by the program whose atomic add completes its P visits (adds to
+one word are totally ordered, so exactly one program sees the other P - 1 before its own).  The
+metrics themselves are added with relaxed atomics nobody waits for.  Only the coverage ranking's
+[E, E] pair sums are still zeroed before the call (``fill_kernel``): its greedy reads just the kept
+experts' rows.
 
 Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the machine-code counts):
 
@@ -1751,7 +1755,7 @@ def route_kernel(
     num_groups,
     scale,
     keep_ptr,
-    used_ptr,
+    visits_ptr,
     ticket_ptr,
     metrics_ptr,
     expert_offset,
@@ -1857,33 +1861,37 @@ def route_kernel(
             ALIGN_B,
         )
     if HAS_METRICS:
-        tl.atomic_max(used_ptr + e, used, mask=e_ok & (used != 0))
-    if HAS_METRICS or ALIGN:
+        # the activated experts without a ticket: each program adds to every expert's int64 word one
+        # visit (low half) and, where it routed a token, one mark (high half).  The program whose add
+        # finds P - 1 visits before its own is the last to touch that word in this call: it counts the
+        # expert when any program marked it, and clears the word for the next call
+        visit = tl.where(used != 0, (1 << 32) + 1, 1).to(tl.int64)
+        before = tl.atomic_add(visits_ptr + e, visit, mask=e_ok, sem="relaxed")
+        marks_before = before >> 32
+        last_visit = e_ok & (before - (marks_before << 32) == tl.num_programs(0) - 1)
+        activated = last_visit & ((marks_before > 0) | (used != 0))
+        tl.atomic_add(metrics_ptr + e * 0, tl.full([BLOCK_E], 1, tl.int64), mask=activated, sem="relaxed")
+        tl.store(visits_ptr + e, tl.zeros([BLOCK_E], tl.int64), mask=last_visit)
+    if ALIGN:
         tl.debug_barrier()
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == tl.num_programs(0) - 1:
             tl.store(ticket_ptr, 0)  # every program has its ticket: back at 0 for the next call
-            if HAS_METRICS:
-                marks = tl.load(used_ptr + e, mask=e_ok, other=0, cache_modifier=".cg")
-                add_metric(metrics_ptr, tl.sum((marks != 0).to(tl.int32), axis=0))
-                tl.debug_barrier()  # every thread's loads of the marks before the zeros
-                tl.store(used_ptr + e, tl.zeros([BLOCK_E], tl.int32), mask=e_ok)
-            if ALIGN:
-                align_finish(
-                    ids_ptr,
-                    ids_stride,
-                    top_k,
-                    num_tokens,
-                    tl.num_programs(0),
-                    expert_offset,
-                    num_local,
-                    align_counts_ptr,
-                    align_rank_ptr,
-                    sorted_ptr,
-                    blocks_ptr,
-                    bounds_ptr,
-                    CHUNK_T,
-                    BLOCK_K,
-                    ALIGN_B,
-                    BLOCK_M,
-                )
+            align_finish(
+                ids_ptr,
+                ids_stride,
+                top_k,
+                num_tokens,
+                tl.num_programs(0),
+                expert_offset,
+                num_local,
+                align_counts_ptr,
+                align_rank_ptr,
+                sorted_ptr,
+                blocks_ptr,
+                bounds_ptr,
+                CHUNK_T,
+                BLOCK_K,
+                ALIGN_B,
+                BLOCK_M,
+            )

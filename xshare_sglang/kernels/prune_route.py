@@ -289,25 +289,27 @@ class SelectionWorkspace:
         self.lynx_rank = torch.zeros(num_experts, dtype=torch.int32, **kw)
         # Everything a multi-program call accumulates with atomics, in one buffer that is 0 between
         # calls (the last program of each kernel clears its share; reset() zeroes it all): the three
-        # tickets (selection, routing, LYNX picks; one word of padding), the routing kernel's expert
-        # marks, the LYNX picks, the warm-up and per-request marks, LYNX bin counts, the int64
-        # aggregate scores and the coverage ranking's column sums (8-byte aligned: the offsets
-        # 4 + 20 E and 4 + 22 E words are even), and the lengths of the coverage ranking's row lists.
+        # tickets (selection, routing, LYNX picks; one word of padding), a placeholder of E words, the
+        # LYNX picks, the warm-up and per-request marks, LYNX bin counts, the int64 aggregate scores,
+        # the coverage ranking's column sums and the routing kernel's per-expert visits and marks
+        # (8-byte aligned: the offsets 4 + 20 E, 4 + 22 E and 4 + 24 E words are even), and the lengths
+        # of the coverage ranking's row lists.
         # After them, 8-byte aligned, the coverage ranking's [E, E] int64 pair sums, zeroed before
         # each call that uses them.
         n = num_experts
-        words = 4 + 25 * n
+        words = 4 + 27 * n
         self.zeroed = torch.zeros(words + words % 2 + 2 * n * n, dtype=torch.int32, **kw)
         self.counters = self.zeroed[:words]
         self.tickets = self.counters[:3]
-        self.used = self.counters[4 : 4 + n]
+        self.placeholder_i32 = self.counters[4 : 4 + n]  # an int32 [E] placeholder, never written
         self.picked = self.counters[4 + n : 4 + 2 * n]
         self.warm_marks = self.counters[4 + 2 * n : 4 + 3 * n]
         self.base_marks = self.counters[4 + 3 * n : 4 + 4 * n]
         self.lynx_counts = self.counters[4 + 4 * n : 4 + 20 * n].view(n, BLOCK_BINS)
         self.aggregate = self.counters[4 + 20 * n : 4 + 22 * n].view(torch.int64)
         self.cover_aggregate = self.counters[4 + 22 * n : 4 + 24 * n].view(torch.int64)
-        self.cover_counts = self.counters[4 + 24 * n :]
+        self.visits = self.counters[4 + 24 * n : 4 + 26 * n].view(torch.int64)
+        self.cover_counts = self.counters[4 + 26 * n :]
         self.cover_pairs = self.zeroed[words + words % 2 :].view(torch.int64).view(n, n)
         # ranking=coverage: every row's scores, and for each expert the rows that score it
         self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)
@@ -472,7 +474,7 @@ def _launch_kernels(
     scale = float32_value(router.routed_scaling_factor) if router.routed_scaling_factor is not None else 1.0
     # argument runs both kernels take in the same order: the rows, then the routing
     rows = (logits, logits.stride(0), logits.stride(1), num_tokens, num_experts, nv_ptr, nv_arg, weights_in)
-    ids_out, weights_out = (ids, weights) if route else (ws.used, ws.prim)
+    ids_out, weights_out = (ids, weights) if route else (ws.placeholder_i32, ws.prim)
     routing = (
         correction_bias if has_bias else ws.prim,
         ids_out,
@@ -504,7 +506,15 @@ def _launch_kernels(
         )
         align_kw = dict(ALIGN=True, ALIGN_B=align_b, BLOCK_M=alignment.block_m)
     else:
-        aligned = (0, 1, ws.used, ws.used, ws.used, ws.used, ws.used)
+        aligned = (
+            0,
+            1,
+            ws.placeholder_i32,
+            ws.placeholder_i32,
+            ws.placeholder_i32,
+            ws.placeholder_i32,
+            ws.placeholder_i32,
+        )
         align_kw = dict(ALIGN=False, ALIGN_B=2, BLOCK_M=1)
     has_range = cfg.policy != "none" and (cfg.min_tokens is not None or cfg.max_tokens is not None)
     lynx = cfg.policy == "lynx"
@@ -542,7 +552,7 @@ def _launch_kernels(
         )
     if route_only:
         jit.route_kernel[(plan.route_programs,)](
-            *rows, *routing, keep, ws.used, ws.tickets[1:], metrics, *aligned, ALL_KEPT=True, **route_args
+            *rows, *routing, keep, ws.visits, ws.tickets[1:], metrics, *aligned, ALL_KEPT=True, **route_args
         )
         return
     jit.select_kernel[(plan.num_parts,)](
@@ -560,8 +570,8 @@ def _launch_kernels(
         cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS,
         float32_value(cfg.alpha),
         cfg.beta,
-        policy["static"] if policy["static"] is not None else ws.used,
-        policy["redundancy"] if policy["redundancy"] is not None else ws.used,
+        policy["static"] if policy["static"] is not None else ws.placeholder_i32,
+        policy["redundancy"] if policy["redundancy"] is not None else ws.placeholder_i32,
         call.expert_to_rank if call.expert_to_rank is not None else ws.flag,
         ws.row_scores,
         ws.cover_rows,
@@ -649,7 +659,7 @@ def _launch_kernels(
             *rows,
             *routing,
             keep,
-            ws.used,
+            ws.visits,
             ws.tickets[1:],
             metrics,
             *aligned,

@@ -11,14 +11,13 @@ ways.  CPU only; nothing here is a timing.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
 import requests
 
-from xshare_sglang.serving.ab.ab_server import LaunchedServer, log_tail, server_env, wait_healthy
+from xshare_sglang.serving.ab.ab_server import LaunchedServer, launch_port, log_tail, server_env, wait_healthy
 from xshare_sglang.tiny.tiny_demo import heldout_texts
 from xshare_sglang.tiny.tiny_model import load_tiny_model, tiny_model_dir
 
@@ -51,9 +50,7 @@ def generate(url: str, input_ids, new_tokens: int) -> list[tuple[list[int], list
 
 
 def run_arm(flags: list[str], dtype: str, batch: list[list[int]], new_tokens: int, log: Path) -> tuple[int, int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = launch_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "xshare_sglang.testing.cpu_server", "--dtype", dtype, *flags]
     server = LaunchedServer([*argv, "--host", "127.0.0.1", "--port", str(port)], log, env=server_env())

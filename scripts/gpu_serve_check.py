@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,9 +45,10 @@ PROOF = re.compile(r"moe-pruner active: policy=(\S+)")
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port below the ephemeral range, which nothing else is handed while the server starts."""
+    from sglang.srt.utils.network import get_free_port_below_ephemeral
+
+    return get_free_port_below_ephemeral(low=10000, high=21999)
 
 
 def wait_healthy(url: str, process: subprocess.Popen, deadline: float) -> str | None:

@@ -8,14 +8,20 @@ process handling (:class:`~xshare_sglang.serving.ab.ab_server.LaunchedServer`) d
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from pathlib import Path
 
 import requests
 
-from xshare_sglang.serving.ab.ab_server import LaunchedServer, log_tail, proof_policies, server_env, wait_healthy
+from xshare_sglang.serving.ab.ab_server import (
+    LaunchedServer,
+    launch_port,
+    log_tail,
+    proof_policies,
+    server_env,
+    wait_healthy,
+)
 
 #: The pruner flags of ``make serve-cpu`` (metrics on, a report every ``SERVE_CPU_LOG_INTERVAL`` forwards).
 SERVE_CPU_LOG_INTERVAL = 10
@@ -35,17 +41,11 @@ STOP_TIMEOUT_S = 30.0
 LAUNCH = [sys.executable, "-m", "xshare_sglang.testing.cpu_server"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class LiveServer:
     """One CPU server; ``args`` are ``sglang.launch_server`` arguments (host and port are added)."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
+        self.port = launch_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = LaunchedServer(
             [*LAUNCH, *args, "--host", "127.0.0.1", "--port", str(self.port)], log_path, env=server_env()

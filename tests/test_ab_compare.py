@@ -28,7 +28,13 @@ from tests.standin_server import (
 from xshare_sglang.provenance import package_commit
 from xshare_sglang.serving.ab.ab_cli import EXIT_ARM_FAILED, main
 from xshare_sglang.serving.ab.ab_report import read_runs
-from xshare_sglang.serving.ab.ab_server import LaunchedServer, proof_policies, wait_healthy
+from xshare_sglang.serving.ab.ab_server import (
+    LAUNCH_PORT_RANGE,
+    LaunchedServer,
+    launch_port,
+    proof_policies,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -36,12 +42,6 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = f"{sys.executable} {REPO / 'tests' / 'standin_server.py'}"
 TINY = str(REPO / "xshare_sglang" / "data" / "tiny_moe")
 QUESTIONS = 20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def common_flags(out: Path, port: int) -> list[str]:
@@ -73,7 +73,7 @@ def ab_run(tmp_path_factory):
         "    server_args: --standin-fail crash-during-bench --standin-crash-after 3\n"
     )
     started = time.monotonic()
-    code = main([*common_flags(out, free_port()), "--arms", str(arms), "--concurrency", "4", "--repeats", "2"])
+    code = main([*common_flags(out, launch_port()), "--arms", str(arms), "--concurrency", "4", "--repeats", "2"])
     return {"out": out, "code": code, "rows": read_runs(out), "wall_s": time.monotonic() - started}
 
 
@@ -202,7 +202,7 @@ def test_url_mode_uses_servers_it_did_not_start(tmp_path):
     try:
         ports = {}
         for name, flags in (("baseline", []), ("xshare", ["--moe-pruner", "xshare"])):
-            port = free_port()
+            port = launch_port()
             log = tmp_path / f"{name}.log"
             server = LaunchedServer(
                 [*STANDIN.split(), "--model-path", TINY, "--port", str(port), "--enable-metrics", *flags], log
@@ -263,7 +263,7 @@ def test_launch_failure_and_health_timeout_are_reported(tmp_path):
     server.start()
     reason = wait_healthy("http://127.0.0.1:1", 30, alive=server.exit_reason, poll_s=0.2)
     assert reason == f"the server exited with code {STANDIN_EXIT_CODE}"
-    port = free_port()
+    port = launch_port()
     server = LaunchedServer(
         [*STANDIN.split(), "--model-path", TINY, "--port", str(port), "--standin-fail", "no-health"], tmp_path / "b.log"
     )
@@ -274,3 +274,18 @@ def test_launch_failure_and_health_timeout_are_reported(tmp_path):
     finally:
         assert server.stop(5) == "stopped by SIGTERM"
     assert server.process.returncode in (0, -signal.SIGTERM)
+
+
+def test_launch_port_is_outside_the_ports_others_are_handed(tmp_path):
+    """A launched server binds its port seconds after it is picked: the port must come from below the
+    kernel's ephemeral range (``bind(0)`` and outgoing connections take theirs from there) and from
+    outside the range SGLang draws the server's own ``nccl_port`` from.  Then a socket bound to the
+    picked port is never refused."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low, high = LAUNCH_PORT_RANGE
+    assert high < 22000 and high < ephemeral_low
+    ports = [launch_port() for _ in range(50)]
+    assert all(low <= port <= high for port in ports), ports
+    assert len(set(ports)) > 1  # drawn, not one fixed port that two servers would share
+    with socket.create_server(("0.0.0.0", ports[0])):
+        pass

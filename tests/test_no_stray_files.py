@@ -13,7 +13,6 @@ not SGLang) and SGLang's real clients.  ``xshare-sglang calibrate``'s counterpar
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -21,18 +20,13 @@ import pytest
 
 from xshare_sglang.serving.ab.ab_cli import main
 from xshare_sglang.serving.ab.ab_report import read_runs
+from xshare_sglang.serving.ab.ab_server import launch_port
 
 pytestmark = pytest.mark.sglang
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = f"{sys.executable} {REPO / 'tests' / 'standin_server.py'}"
 TINY = REPO / "xshare_sglang" / "data" / "tiny_moe"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listing(folder: Path) -> list[str]:
@@ -46,7 +40,7 @@ def test_ab_compare_leaves_the_working_directory_empty(tmp_path, monkeypatch):
     monkeypatch.chdir(cwd)
     code = main(
         [
-            *("--model-path", "../model", "--launch-command", STANDIN, "--port", str(free_port())),
+            *("--model-path", "../model", "--launch-command", STANDIN, "--port", str(launch_port())),
             *("--output-dir", "../out", "--candidate", "xshare", "--repeats", "1", "--concurrency", "2"),
             *("--dataset", "mt-bench", "--output-len", "8", "--num-prompts", "4"),
             *("--gsm8k-questions", "8", "--gsm8k-shots", "2", "--gsm8k-parallel", "4"),

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ import torch
 from xshare_sglang.calibration_file import load_static_ranking
 from xshare_sglang.cli import main
 from xshare_sglang.config import PrunerConfig
+from xshare_sglang.serving.ab.ab_server import launch_port
 from xshare_sglang.serving.calibration import recorder_dump as rd
 from xshare_sglang.serving.calibration import static_calibration as sc
 from xshare_sglang.serving.datasets import custom_conversations
@@ -412,9 +412,7 @@ def test_url_flow_leaves_the_working_directory_empty(sglang_recorders, tmp_path,
         rec.serve(traffic)
         return seen["done"]
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = launch_port()
     standin = Path(__file__).resolve().parent / "standin_server.py"
     server_argv = [sys.executable, str(standin), "--model-path", str(TINY_MOE), "--port", str(port)]
     generator = LaunchedServer(server_argv, tmp_path / "standin.log")

@@ -48,6 +48,32 @@ def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: Ports :func:`launch_port` picks from: below the kernel's ephemeral range (where ``bind(0)`` and
+#: outgoing connections take their ports) and below the 22000-29999 that SGLang draws its own
+#: ``nccl_port`` from, so nothing else takes the port while the server starts.
+LAUNCH_PORT_RANGE = (10000, 21999)
+
+
+def launch_port() -> int:
+    """A free TCP port for a server that binds it only once it has started.
+
+    A port from ``bind(0)`` is an ephemeral one: in the seconds before the launched server binds it,
+    any process may be handed it, for a listening socket or an outgoing connection (the CPU
+    engine's gloo sockets do both), and the server then fails with "address already in use".  SGLang
+    keeps the ports its children bind later out of that range for the same reason; this uses its
+    helper, with :data:`LAUNCH_PORT_RANGE`.
+
+    Returns
+    -------
+    int
+        A port no socket was bound to when it was checked.
+    """
+    from sglang.srt.utils.network import get_free_port_below_ephemeral
+
+    low, high = LAUNCH_PORT_RANGE
+    return get_free_port_below_ephemeral(low=low, high=high)
+
+
 def proof_policies(log_text: str) -> list[str]:
     """The ``policy=`` values of every ``moe-pruner active`` line in a server log (one per TP rank)."""
     return _PROOF.findall(log_text)

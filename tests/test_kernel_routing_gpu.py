@@ -24,7 +24,8 @@ import torch
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.kernel_routing import gptoss_layer_runtime, pruned_kernel_routing
-from xshare_sglang.policies.apply import MASKED_LOGIT
+from xshare_sglang.policies.apply import MASKED_LOGIT, mask_router_inputs
+from xshare_sglang.policies.rewrite import RETAINED_ONE, selection_metrics
 
 topk_module = pytest.importorskip("triton_kernels.topk", reason="needs triton_kernels (SGLang's dependency)")
 
@@ -79,12 +80,45 @@ def test_kernel_routing_stays_in_the_mask(device, shape, num_tokens) -> None:
     best = torch.topk(masked[:real].float(), top_k, dim=1).values
     assert torch.equal(picked.sort(dim=1, descending=True).values, best)
     torch.testing.assert_close(sparse.vals[:real].float(), torch.softmax(picked, dim=1), rtol=BF16_RTOL, atol=1e-3)
-    # metrics: one call, activated = experts that received a real token
+    # metrics: one call, activated = experts that received a real token (from the histogram), the
+    # kept experts and retained mass as the selection determined them (added by its kernel)
     activated = torch.zeros(num_experts, dtype=torch.bool, device=device)
     activated[ids.flatten()] = True
-    assert int(runtime.metrics[0].sum()) > 0
     assert int(sparse.mask_metadata.col_sum.sum()) == real * top_k
     assert torch.equal(sparse.mask_metadata.col_sum[:num_experts] > 0, activated)
+    want = selection_metrics(keep, state.stats[0], state.stats[1])
+    want[0] = activated.sum()
+    assert runtime.metrics[0].tolist() == want.tolist()
+    assert 0 < want[2] <= RETAINED_ONE
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_kernel_routing_metrics_cost_three_device_ops(shape) -> None:
+    """Per layer call, the histogram's count of activated experts is three device ops (compare, sum,
+    add into the row; the selection kernel adds the other columns), and masking the logits one: in a
+    CUDA graph each op is a kernel node of its own.  The torch ops are what a GPU launches."""
+    num_experts, top_k = SHAPES[shape]
+    runtime, config, state = _runtime(num_experts, top_k, "cpu")
+    call = runtime.begin_call(config, torch.tensor([8], dtype=torch.int32))
+    counts = (torch.arange(num_experts) % 3).to(torch.int32)
+    logits = _logits(8, num_experts, seed=0, device="cpu")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as counting:
+        runtime.count_kernel_routing(call, expert_counts=counts)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as masking:
+        mask_router_inputs(logits, state.keep)
+    runtime.end_call()
+    assert _device_ops(counting) == ["aten::gt", "aten::sum", "aten::add_"]
+    assert _device_ops(masking) == ["aten::where"]
+    assert runtime.metrics[0, 0] == int((counts > 0).sum()) and runtime.faults == 0
+
+
+#: ops that only make a view or an empty tensor (no kernel)
+_NO_KERNEL = {"aten::slice", "aten::select", "aten::view", "aten::as_strided", "aten::unsqueeze", "aten::empty"}
+
+
+def _device_ops(prof) -> list[str]:
+    events = [e for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None]
+    return [e.name for e in events if e.name not in _NO_KERNEL]
 
 
 @pytest.mark.gpu

@@ -28,6 +28,7 @@ from xshare_sglang.kernels.prune_route import MAX_TILE_ROWS, TILE_ELEMENTS
 from xshare_sglang.policies.api import select
 from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
+from xshare_sglang.policies.rewrite import selection_metrics
 from xshare_sglang.policies.scores import exp32, sigmoid32
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -163,9 +164,16 @@ def test_select_keep_mask_matches_reference(policy: str, num_tokens: int, num_ex
     logits = make_logits(num_tokens, num_experts, case["style"], num_tokens)
     keep, aggregate = select(routing_call(logits, case["top_k"], **fields), case["cfg"])
     stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
-    got = select_keep_mask(routing_call(logits, case["top_k"], device=DEVICE, **fields), case["cfg"], stats_out=stats)
+    metrics = torch.full((4,), 3, dtype=torch.int64, device=DEVICE)  # added to, never overwritten
+    got = select_keep_mask(
+        routing_call(logits, case["top_k"], device=DEVICE, **fields), case["cfg"], stats_out=stats, metrics_row=metrics
+    )
     assert got.cpu().tolist() == keep.tolist(), case
     assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
+    # kept experts, retained mass and one call; the activated experts are the routing's to add
+    want = selection_metrics(keep, aggregate[keep].sum(), aggregate.sum()) + 3
+    assert metrics.cpu().tolist() == want.tolist(), case
+    assert want[0] == 3 and want[1] == int(keep.sum()) + 3 and want[3] == 4
 
 
 @pytest.mark.fused_selection

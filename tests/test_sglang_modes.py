@@ -14,6 +14,7 @@ import torch
 from tests.sglang_helpers import apply_echo_hooks, apply_routing_hooks, runner_attributes, sglang_select_experts
 from tests.test_sglang_cli import parse_in_fresh_process
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
+from xshare_sglang.policies.rewrite import RETAINED_ONE, selection_metrics
 from xshare_sglang.sglang_plugin.metrics import MetricsReporter
 from xshare_sglang.sglang_plugin.model_layers import make_layer_state, make_runtime
 from xshare_sglang.sglang_plugin.runtime import ForwardScope, set_runtime
@@ -631,6 +632,12 @@ def test_llama4_routing_function_stays_in_the_mask() -> None:
     masked = logits[:NUM_VALID].masked_fill(~keep, float("-inf"))
     assert torch.equal(live, masked.argmax(dim=1))
     torch.testing.assert_close(weights[:NUM_VALID, 0], torch.sigmoid(logits[:NUM_VALID].gather(1, live[:, None]))[:, 0])
+    # the call counted once: kept experts, retained mass and the call by the selection kernel, the
+    # experts the final ids send a token to by the rewrite
+    want = selection_metrics(keep, state.stats[0], state.stats[1])
+    activated = len({int(e) for e in ids.flatten() if e >= 0})
+    assert runtime.metrics[state.row].tolist() == [activated, 3, int(want[2]), 1]
+    assert 0 < want[2] < RETAINED_ONE
 
 
 def test_routing_functions_the_pruner_cannot_act_through_are_refused() -> None:

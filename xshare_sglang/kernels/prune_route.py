@@ -35,6 +35,7 @@ from ..policies.call import RoutingCall
 from ..policies.greedy import tau_fixed_point
 from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.prune_route import PrunedRouting, check_outputs, route_checked
+from ..policies.rewrite import selection_metrics
 from ..policies.scores import float32_value
 from ..policies.token_alignment import TokenAlignment, write_alignment
 
@@ -599,7 +600,7 @@ def _launch_kernels(
         LYNX=lynx,
         HAS_CAP=policy["has_cap"],
         HAS_RANGE=has_range,
-        HAS_METRICS=has_metrics and route,
+        HAS_METRICS=has_metrics,
         HAS_STATS=has_stats,
         SINGLE=plan.single,
         ROUTE=route,
@@ -643,7 +644,7 @@ def _launch_kernels(
             NEED_SCORES=need_scores,
             HAS_CAP=policy["has_cap"],
             HAS_RANGE=has_range,
-            HAS_METRICS=has_metrics and route,
+            HAS_METRICS=has_metrics,
             HAS_STATS=has_stats,
             KEY_SHIFT=key_shift,
             BLOCK_E=block_e,
@@ -792,6 +793,7 @@ def select_keep_mask(
     *,
     out: torch.Tensor | None = None,
     stats_out: torch.Tensor | None = None,
+    metrics_row: torch.Tensor | None = None,
     workspace: SelectionWorkspace | None = None,
 ) -> torch.Tensor:
     """Keep mask of one MoE layer call, computed on the device in one launch.
@@ -806,6 +808,12 @@ def select_keep_mask(
     stats_out : Tensor, shape [2], int64, optional
         Receives the aggregate score of the kept experts and of all experts (fixed point, the
         policy's score over the real tokens): their ratio is the share of score mass kept.
+    metrics_row : Tensor, shape [4], int64, optional
+        Receives ``+=`` the call's kept experts, retained score mass and call count (columns 1-3 of
+        :data:`~xshare_sglang.policies.rewrite.METRIC_COLUMNS`, as
+        :func:`~xshare_sglang.policies.rewrite.selection_metrics` computes them), added by the
+        kernel that finishes the mask.  Column 0, the activated experts, is left to whoever routes
+        the call.
     workspace : SelectionWorkspace, optional
 
     Returns
@@ -817,17 +825,21 @@ def select_keep_mask(
         raise ValueError(f"out must be a bool tensor of shape ({num_experts},) on {call.device}")
     if stats_out is not None and (stats_out.shape != (2,) or stats_out.dtype != torch.int64):
         raise ValueError("stats_out must be an int64 tensor of shape (2,)")
-    if cfg.policy == "none" and stats_out is None:
+    check_outputs(call, None, None, None, metrics_row)
+    if cfg.policy == "none" and stats_out is None and metrics_row is None:
         return torch.ones(num_experts, dtype=torch.bool, device=call.device) if out is None else out.fill_(True)
     reason = unsupported_reason(call, cfg)
     if reason is not None:
         _report(reason)
         keep, aggregate = select(call, cfg)
+        kept_total, total = torch.where(keep, aggregate, 0).sum(), aggregate.sum()
         if stats_out is not None:
-            stats_out[0] = torch.where(keep, aggregate, 0).sum()
-            stats_out[1] = aggregate.sum()
+            stats_out[0] = kept_total
+            stats_out[1] = total
+        if metrics_row is not None:
+            metrics_row.add_(selection_metrics(keep, kept_total, total))
         return keep if out is None else out.copy_(keep)
     call.check_config(cfg)
     keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=call.device)
-    _launch(call, cfg, route=False, keep=keep, stats_out=stats_out, workspace=workspace)
+    _launch(call, cfg, route=False, keep=keep, stats_out=stats_out, metrics_row=metrics_row, workspace=workspace)
     return keep

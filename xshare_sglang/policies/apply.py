@@ -37,14 +37,14 @@ def mask_router_inputs(
     -------
     (masked logits [T, E], masked bias [E] or None), in the input dtypes
     """
-    masked = logits.masked_fill(~keep, MASKED_LOGIT)
+    masked = torch.where(keep, logits, MASKED_LOGIT)  # one kernel (masked_fill of ~keep is three)
     if out is None:
         out = masked
     else:
         out.copy_(masked)
     if bias is None:
         return out, None
-    masked_bias = bias.masked_fill(~keep, MASKED_LOGIT)
+    masked_bias = torch.where(keep, bias, MASKED_LOGIT)
     if bias_out is None:
         bias_out = masked_bias
     else:

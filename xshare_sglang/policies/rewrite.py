@@ -13,7 +13,8 @@ the row does not use yet (ascending id), then pruned experts (ascending id).  No
 row, so a backend that counts tokens per expert sees each slot once.  A slot of weight 0 adds exactly
 nothing to the token's output, so routing is the same as with ``-1``; only the cost differs.
 
-This is the reference (and CPU path) of ``xshare_sglang.kernels.rewrite_routing``.
+The serving plugin runs these torch functions on every device (the masked path is the one for
+routers the fused kernels do not reproduce).
 """
 
 from __future__ import annotations
@@ -28,25 +29,37 @@ METRIC_COLUMNS = ("activated_experts", "kept_experts", "retained_score_mass", "c
 RETAINED_ONE = SCORE_ONE
 
 
+def activated_experts(topk_ids: torch.Tensor, num_ids: int) -> torch.Tensor:
+    """The distinct ids in ``[0, num_ids)`` of ``topk_ids`` (any shape): the experts the routing sends
+    a token to, weight-0 fillers included (the backend reads them).  An int64 scalar tensor."""
+    ids = topk_ids.long()
+    live = (ids >= 0) & (ids < num_ids)
+    used = torch.zeros(num_ids + 1, dtype=torch.int64, device=ids.device)
+    used.scatter_(0, torch.where(live, ids, num_ids).reshape(-1), 1)
+    return used[:num_ids].sum()
+
+
+def selection_metrics(keep: torch.Tensor, kept_total: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``[0, kept experts, retained score mass * 2**24, 1]`` of one call, int64 [4]: the columns the
+    selection alone determines (the activated experts are the routing's).
+
+    The retained mass is the kept share of the batch's aggregate score,
+    ``floor(float32(kept_total) / float32(total) * 2**24)``, and a full 2**24 when the total is 0.
+    """
+    ratio = kept_total.to(torch.float32) / torch.where(total > 0, total, 1).to(torch.float32)
+    retained = torch.where(total > 0, torch.floor(ratio * float(SCORE_ONE)).to(torch.int64), SCORE_ONE)
+    zero = torch.zeros((), dtype=torch.int64, device=keep.device)
+    return torch.stack([zero, keep.sum().to(torch.int64), retained, zero + 1])
+
+
 def call_metrics(
     topk_ids: torch.Tensor, num_ids: int, keep: torch.Tensor, kept_total: torch.Tensor, total: torch.Tensor
 ) -> torch.Tensor:
-    """``[activated experts, kept experts, retained score mass * 2**24, 1]`` of one call, int64 [4].
-
-    Activated experts are the distinct ids in ``[0, num_ids)`` the routing sends a token to
-    (weight-0 fillers included: the backend reads them).  The retained mass is the kept share of the
-    batch's aggregate score, ``floor(float32(kept_total) / float32(total) * 2**24)``, and a full
-    2**24 when the total is 0.
-    """
-    device = topk_ids.device
-    ids = topk_ids.long()
-    live = (ids >= 0) & (ids < num_ids)
-    used = torch.zeros(num_ids + 1, dtype=torch.int64, device=device)
-    used.scatter_(0, torch.where(live, ids, num_ids).reshape(-1), 1)
-    ratio = kept_total.to(torch.float32) / torch.where(total > 0, total, 1).to(torch.float32)
-    retained = torch.where(total > 0, torch.floor(ratio * float(SCORE_ONE)).to(torch.int64), SCORE_ONE)
-    one = torch.ones((), dtype=torch.int64, device=device)
-    return torch.stack([used[:num_ids].sum(), keep.sum().to(torch.int64), retained, one])
+    """``[activated experts, kept experts, retained score mass * 2**24, 1]`` of one call, int64 [4]:
+    :func:`activated_experts` of the routed ids, then :func:`selection_metrics`."""
+    metrics = selection_metrics(keep, kept_total, total)
+    metrics[0] = activated_experts(topk_ids, num_ids)
+    return metrics
 
 
 def filler_ids(topk_ids: torch.Tensor, keep_ids: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ from ..config import PrunerConfig
 from ..kernels import SelectionWorkspace, dependent_launch_supported, prune_route, select_keep_mask, workspace_key
 from ..policies.apply import mask_router_inputs
 from ..policies.call import RouterSpec, RoutingCall
-from ..policies.rewrite import call_metrics, rewrite_routing
+from ..policies.rewrite import activated_experts, rewrite_routing
 from ..policies.routing import adopt_model_routing, model_routing_is_kept, route_logits
 from ..policies.scores import sanitize_logits, valid_token_mask
 from .settings import PluginSettings
@@ -256,7 +256,7 @@ class PrunerRuntime:
         """
         layer = call.layer
         try:
-            self._select_into_layer(call, router_logits)
+            self._select_into_layer(call, router_logits, count=True)
             if self.scope.cfg.coverage == "truncation":
                 # every token keeps its natural routing; the rewrite drops the picks outside the mask
                 call.masked = True
@@ -329,7 +329,9 @@ class PrunerRuntime:
         return ids, weights
 
     def rewrite(self, call: ActiveCall, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        """Drop leftover picks of pruned experts and padding rows (in place); count the layer call."""
+        """Drop leftover picks of pruned experts and padding rows (in place); add the experts the
+        rewritten ids activate to the layer's metrics (:meth:`select_and_mask`'s selection kernel
+        added the kept experts, the retained mass and the call)."""
         if not call.masked:
             return
         layer = call.layer
@@ -344,21 +346,23 @@ class PrunerRuntime:
             layer.keep,
             num_valid_tokens=call.num_valid,
             physical_to_logical=p2l,
-            metrics_row=self.metrics[layer.row],
-            stats=layer.stats,
             token_weights=call.token_weights,
             fill_dropped=layer.fill_dropped,
         )
+        num_ids = layer.num_experts if p2l is None else p2l.shape[0]
+        self.metrics[layer.row, :1] += activated_experts(topk_ids, num_ids)
 
-    def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
+    def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor, *, count: bool = False) -> None:
         """The call's keep mask into ``layer.keep`` and its score totals into ``layer.stats`` (select-only
-        launch; raises on a fault, which the caller counts)."""
+        launch; raises on a fault, which the caller counts).  With ``count``, the selection kernel also
+        adds the call's kept experts, retained mass and call count to the layer's metrics row."""
         layer = call.layer
         select_keep_mask(
             self.routing_call(call, router_logits),
             self.scope.cfg,
             out=layer.keep,
             stats_out=layer.stats,
+            metrics_row=self.metrics[layer.row] if count else None,
             workspace=self._workspace(router_logits),
         )
 
@@ -386,7 +390,7 @@ class PrunerRuntime:
         try:
             if self.scope.cfg.coverage != "substitution":
                 raise ValueError(f"{self.scope.cfg.coverage} coverage cannot act where the MoE kernel routes")
-            self._select_into_layer(call, router_logits)
+            self._select_into_layer(call, router_logits, count=True)
             masked = mask_router_inputs(
                 router_logits, layer.keep, bias=correction_bias, bias_out=_masked_bias_buffer(layer, correction_bias)
             )
@@ -405,22 +409,24 @@ class PrunerRuntime:
         masked_logits: torch.Tensor | None = None,
         masked_bias: torch.Tensor | None = None,
     ) -> None:
-        """Add a call routed inside the MoE kernel to its layer's metrics row, on the device.
+        """Add the activated experts of a call routed inside the MoE kernel to its layer's metrics row,
+        on the device (:meth:`mask_for_kernel`'s selection kernel added the kept experts, the
+        retained mass and the call itself).
 
         Activated experts come from the routing's own expert histogram ``expert_counts`` ([E] rows
-        per expert, padding rows excluded: ``triton_kernels``' routing metadata) or, where the
-        kernel routes out of sight, from the layer's reference router run on ``masked_logits`` [T, E]
-        and ``masked_bias`` [E] (every expert a real token is sent to, weight-0 fillers of tokens
-        with fewer than top-k kept experts included: the kernel reads them).  Kept experts and the
-        retained mass come from the selection.  A failure is counted; the routing stands.
+        per expert, padding rows excluded: ``triton_kernels``' routing metadata), three small kernels,
+        or, where the kernel routes out of sight, from the layer's reference router run on
+        ``masked_logits`` [T, E] and ``masked_bias`` [E] (every expert a real token is sent to,
+        weight-0 fillers of tokens with fewer than top-k kept experts included: the kernel reads
+        them).  A failure is counted; the routing stands, and the call counts no activated experts.
         """
         layer = call.layer
         try:
             if expert_counts is None and masked_logits is None:
                 raise ValueError("neither an expert histogram nor the masked logits of the call")
+            activated = self.metrics[layer.row, :1]
             if expert_counts is not None:
-                experts = torch.arange(layer.num_experts, device=expert_counts.device)
-                ids = torch.where(expert_counts[: layer.num_experts] > 0, experts, -1)[None, :]
+                activated += (expert_counts[: layer.num_experts] > 0).sum(dtype=torch.int64)
             else:
                 router = layer.router if layer.router is not None else layer.selection_router
                 bias = masked_bias if masked_bias is not None and masked_bias.dim() == 1 else None
@@ -432,11 +438,8 @@ class PrunerRuntime:
                     correction_bias=bias,
                 )
                 valid = valid_token_mask(ids.shape[0], call.num_valid, ids.device)[:, None]
-                ids = torch.where(valid, ids, -1)
-            self.metrics[layer.row].add_(
-                call_metrics(ids, layer.num_experts, layer.keep, layer.stats[0], layer.stats[1])
-            )
-        except Exception as exc:  # the call was routed; only its metrics are lost
+                activated += activated_experts(torch.where(valid, ids, -1), layer.num_experts)
+        except Exception as exc:  # the call was routed; only its activated count is lost
             self.record_fault(layer, exc)
 
     # ------------------------------------------------------------------ faults

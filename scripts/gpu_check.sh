@@ -151,11 +151,12 @@ if wanted moe_layer; then
 fi
 if wanted kernel_routing; then
     # GPT-OSS's default routing (triton_kernels, carried in .sgl/site; see docs/benchmarks.md), pruned
-    # through the router logits: the gpu tests of that path, then its added cost per layer call
+    # through the router logits: the gpu tests of that path (-m gpu: its CPU cases need the
+    # interpreter, which this machine does not set), then its added cost per layer call
     if PYTHONPATH=.:.sgl/site python3 -c "import triton_kernels.topk" >>"$log" 2>&1; then
         seconds=$(box kernel_routing 5)
         stage kernel_routing "$seconds" env PYTHONPATH=.:.sgl/site bash -c \
-            "python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernel_routing_gpu.py \
+            "python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_kernel_routing_gpu.py \
              && python3 scripts/bench_kernel_routing.py --git-sha $sha --calls 10 --replays 20"
     else
         say "stage kernel_routing skipped: triton_kernels does not import from .sgl/site (see the line above)"

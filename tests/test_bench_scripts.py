@@ -246,3 +246,33 @@ def test_bench_kernel_routing_smoke(tmp_path) -> None:
     ]
     assert len(rows) == 4 * 3 and all(r["device"].startswith("cpu (smoke") for r in rows)
     assert result.stdout.count("| gpt-oss-") == len(rows)
+
+
+def test_carry_triton_kernels_defines_what_triton_36_lacks(tmp_path) -> None:
+    """``scripts/carry_triton_kernels.py`` copies the installed ``triton_kernels`` into the given folder
+    with ``is_hip_gfx1250`` defined in the copy instead of imported from Triton (3.6 lacks it), and
+    refuses a package whose import it does not recognize rather than copy it unchanged."""
+    triton_kernels = pytest.importorskip("triton_kernels", reason="needs triton_kernels (SGLang's dependency)")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "carry_triton_kernels.py"), "--destination", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    source = Path(triton_kernels.__file__).parent
+    copy = tmp_path / "triton_kernels"
+    original, changed = (source / "target_info.py").read_text(), (copy / "target_info.py").read_text()
+    assert "    is_hip_gfx1250,\n" in original and "    is_hip_gfx1250,\n" not in changed
+    assert "def is_hip_gfx1250():" in changed
+    compile(changed, "target_info.py", "exec")  # still Python
+    assert not list(copy.rglob("__pycache__"))
+    assert (copy / "topk.py").read_text() == (source / "topk.py").read_text()  # the rest unchanged
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "carry_triton_kernels.py"), "--destination", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},  # the copy itself, already changed
+    )
+    assert again.returncode != 0 and "no single import of is_hip_gfx1250" in again.stderr

@@ -256,7 +256,7 @@ class PrunerRuntime:
         """
         layer = call.layer
         try:
-            self._select_into_layer(call, router_logits, count=True)
+            self._select_into_layer(call, router_logits)
             if self.scope.cfg.coverage == "truncation":
                 # every token keeps its natural routing; the rewrite drops the picks outside the mask
                 call.masked = True
@@ -352,17 +352,18 @@ class PrunerRuntime:
         num_ids = layer.num_experts if p2l is None else p2l.shape[0]
         self.metrics[layer.row, :1] += activated_experts(topk_ids, num_ids)
 
-    def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor, *, count: bool = False) -> None:
+    def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
         """The call's keep mask into ``layer.keep`` and its score totals into ``layer.stats`` (select-only
-        launch; raises on a fault, which the caller counts).  With ``count``, the selection kernel also
-        adds the call's kept experts, retained mass and call count to the layer's metrics row."""
+        launch; raises on a fault, which the caller counts).  The selection kernel also adds the call's
+        kept experts, retained mass and call count to the layer's metrics row; whoever routes the call
+        adds its activated experts (:meth:`rewrite`, :meth:`count_kernel_routing`)."""
         layer = call.layer
         select_keep_mask(
             self.routing_call(call, router_logits),
             self.scope.cfg,
             out=layer.keep,
             stats_out=layer.stats,
-            metrics_row=self.metrics[layer.row] if count else None,
+            metrics_row=self.metrics[layer.row],
             workspace=self._workspace(router_logits),
         )
 
@@ -390,7 +391,7 @@ class PrunerRuntime:
         try:
             if self.scope.cfg.coverage != "substitution":
                 raise ValueError(f"{self.scope.cfg.coverage} coverage cannot act where the MoE kernel routes")
-            self._select_into_layer(call, router_logits, count=True)
+            self._select_into_layer(call, router_logits)
             masked = mask_router_inputs(
                 router_logits, layer.keep, bias=correction_bias, bias_out=_masked_bias_buffer(layer, correction_bias)
             )

@@ -6,9 +6,10 @@ without kept experts) still picks pruned experts at weight ~0, and CUDA-graph pa
 too; the fused MoE kernel would read those experts.  This is the last step before SGLang's
 expert-distribution recorder, so rewriting here keeps the recorder consistent.
 How: in place, set leftover picks and padding rows to -1 with weight 0 and add the activated experts
-to the layer's metrics (torch ops, ``policies.rewrite``); mirror the drops into the recorder's id tensor when it is a
-separate tensor (its routed columns come first in every layout SGLang uses, and may hold other ids
-than ``topk_ids``, e.g. before a shared-slot renumbering, so only the dropped slots are copied).
+to the layer's metrics (torch ops, ``policies.rewrite``); mirror the drops into the recorder's id
+tensor when it is a separate tensor (its routed columns come first in every layout SGLang uses, and
+may hold other ids than ``topk_ids``, e.g. before a shared-slot renumbering, so only the dropped
+slots are copied).
 Remove when: SGLang's router accepts a keep mask and drops pruned experts itself.
 """
 

@@ -11,11 +11,13 @@ to prune and how it is laid out; the routing hooks then, per MoE layer call of t
    override) the masked path: :meth:`PrunerRuntime.select_and_mask` computes the keep mask and
    masks the logits (in place) and the bias (into a per-layer buffer) so SGLang's router chooses
    among the kept experts (``truncation`` coverage leaves them alone), and after it
-   :meth:`PrunerRuntime.rewrite` sets leftover picks and padding rows to ``-1`` and counts the call;
+   :meth:`PrunerRuntime.rewrite` sets leftover picks and padding rows to ``-1`` and counts the
+   activated experts (the selection kernel counted the rest of the call's metrics);
 4. where SGLang routes inside the MoE kernel (``TRITON_KERNEL`` / ``BYPASSED`` top-k formats, no
    ``select_experts`` call), the kernel path: :meth:`PrunerRuntime.mask_for_kernel` computes the keep
-   mask and masked copies of the router inputs, SGLang routes those, and
-   :meth:`PrunerRuntime.count_kernel_routing` counts the call from what the routing produced.
+   mask (its kernel counting the call's selection metrics) and masked copies of the router inputs,
+   SGLang routes those, and :meth:`PrunerRuntime.count_kernel_routing` adds the activated experts
+   from what the routing produced.
 
 Everything on the per-layer path is device work with static shapes: it runs eagerly, and it is
 recorded into (and replayed from) SGLang's decode CUDA graphs.  A failure in step 2 leaves the

@@ -356,6 +356,11 @@ def test_none_and_out_buffers() -> None:
         select_keep_mask(call, cfg, out=torch.zeros(60, device=DEVICE))
     with pytest.raises(ValueError, match="workspace is for E=64"):
         select_keep_mask(call, cfg, workspace=SelectionWorkspace(64, DEVICE))
+    with pytest.raises(ValueError, match=r"metrics_row must be a torch.int64 tensor of shape \(4,\)"):
+        select_keep_mask(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int32, device=DEVICE))
+    metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    assert bool(select_keep_mask(call, PrunerConfig(), metrics_row=metrics).all())  # none: every expert
+    assert metrics.cpu().tolist() == [0, 60, 1 << 24, 1]
     with pytest.raises(ValueError, match=r"ids_out must be a torch.int32 tensor of shape \(5, 2\)"):
         prune_route(call, cfg, ids_out=torch.zeros(5, 3, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="correction bias needs scoring='sigmoid'"):

@@ -387,6 +387,32 @@ def test_none_routes_like_the_reference_at_every_size(num_tokens: int, routing: 
         assert bool(prune_route(call, PrunerConfig(), keep_out=keep).keep.all())
 
 
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+@pytest.mark.parametrize(
+    ("num_experts", "routing", "policy"),
+    [
+        (384, "biased", "none"),  # Kimi-K2's shape: 384 experts, sigmoid + correction bias
+        (384, "biased", "xshare"),
+        (384, "sigmoid", "moe-spec"),
+        (512, "softmax", "xshare"),
+        (512, "grouped", "oea"),
+    ],
+)
+def test_rows_wider_than_one_warp_route_like_the_reference(num_tokens, num_experts, routing, policy) -> None:
+    """Above 256 experts a routed row spans several warps (``route_warps``), so each pick is a
+    block-wide maximum and a biased pick's weight is taken with it, not in one warp."""
+    router, bias = _router(routing, 8, num_experts, seed=num_experts + num_tokens)
+    logits = make_logits(num_tokens, num_experts, "normal", seed=num_tokens)
+    cfg = {
+        "none": PrunerConfig(),
+        "xshare": PrunerConfig(policy="xshare", k0=2, budget=24),
+        "moe-spec": PrunerConfig(policy="moe-spec", max_experts=24),
+        "oea": PrunerConfig(policy="oea", k0=2),
+    }[policy]
+    _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_tokens)
+
+
 def test_moe_spec_static_routing(tmp_path) -> None:
     import json
 

@@ -734,7 +734,12 @@ def route_block(
         bias = tl.load(bias_ptr + e, mask=e_ok, other=0.0).to(tl.float32)
         bias = tl.where(bias != bias, 0.0, bias)
         bias = tl.minimum(tl.maximum(bias, -3.4028234663852886e38), FP32_MAX)
-        value = sigmoid32(x) + bias[None, :]
+        score = sigmoid32(x)
+        value = score + bias[None, :]
+        # a sigmoid is >= 0, so its bits as an int32 order as its value: on a warp per row each pick's
+        # weight is read off the row with the pick (one more REDUX, off the picks' dependency chain)
+        # instead of reloading the picked logits from memory after the picks
+        score_bits = score.to(tl.int32, bitcast=True)
     else:
         value = x
     key = pack_key(value, e[None, :], candidates, KEY_SHIFT)
@@ -787,6 +792,7 @@ def route_block(
     # and kept flag are read off after the rounds with one gather per row (not one sum per pick)
     slot = tl.arange(0, BLOCK_K)
     pick_key = tl.zeros([x.shape[0], BLOCK_K], key.dtype) + lowest
+    pick_score_bits = tl.zeros([x.shape[0], BLOCK_K], tl.int32)
     best = tl.zeros([x.shape[0]], key.dtype) + lowest
     if KEY_SHIFT == 0 and ROW_WARPS:
         # (value bits, inverted index) halves of the int64 keys; candidates' value bits are above
@@ -798,6 +804,9 @@ def route_block(
             best_low = tl.max(tl.where(high == best_high[:, None], low, -1), axis=1)
             best = tl.where(best_high > MIN_KEY32, (best_high.to(tl.int64) << ID_BITS) | best_low, lowest)
             pick_key = tl.where(slot[None, :] == i, best[:, None], pick_key)
+            if HAS_BIAS:
+                bits = tl.max(tl.where(low == best_low[:, None], score_bits, 0), axis=1)
+                pick_score_bits = tl.where(slot[None, :] == i, bits[:, None], pick_score_bits)
             high = tl.where(low == best_low[:, None], MIN_KEY32, high)
     else:
         work = key
@@ -816,24 +825,29 @@ def route_block(
     else:
         kept_pick = got
     ids = tl.where(kept_pick, pick_e, -1)
-    # the picks' logits: read back from their keys, or (keys of biased scores) from memory.  A bias
-    # implies sigmoid scoring, whose weight of a raw +inf equals that of its sanitized FP32_MAX (1.0)
-    if HAS_BIAS:
-        x_pick = tl.load(
-            logits_ptr + rows.to(tl.int64)[:, None] * stride_t + pick_e * stride_e,
-            mask=got & rows_in_block[:, None],
-            other=float("-inf"),
-        ).to(tl.float32)
-    else:
-        x_pick = key_logit(pick_key, KEY_SHIFT)
-    # raw weights of the picks: softmax terms over the candidates, or sigmoids
-    if SIGMOID:
+    # raw weights of the picks: softmax terms over the candidates, or sigmoids.  Keys of biased scores
+    # (a bias implies sigmoid scoring) do not hold the logit: on a warp per row the picks' sigmoids
+    # were taken with the picks; a row over several warps reloads the picked logits (one round trip
+    # for all picks, where a maximum per pick would cost a block barrier each).  Other keys give
+    # the picked logit back.  The weight of a raw +inf is that of its sanitized FP32_MAX (1.0)
+    if HAS_BIAS and KEY_SHIFT == 0 and ROW_WARPS:
+        wts = pick_score_bits.to(tl.float32, bitcast=True)
+        denominator = tl.zeros([x.shape[0]], tl.float32) + 1.0
+    elif SIGMOID:
+        if HAS_BIAS:
+            x_pick = tl.load(
+                logits_ptr + rows.to(tl.int64)[:, None] * stride_t + pick_e * stride_e,
+                mask=got & rows_in_block[:, None],
+                other=float("-inf"),
+            ).to(tl.float32)
+        else:
+            x_pick = key_logit(pick_key, KEY_SHIFT)
         wts = 1.0 / (1.0 + tl.exp(-x_pick))
         denominator = tl.zeros([x.shape[0]], tl.float32) + 1.0
     else:
         top = tl.max(tl.where(candidates, x, float("-inf")), axis=1)
         top = tl.where(top > float("-inf"), top, 0.0)
-        wts = tl.exp(x_pick - top[:, None])
+        wts = tl.exp(key_logit(pick_key, KEY_SHIFT) - top[:, None])
         if not RENORMALIZE:
             denominator = tl.sum(tl.where(candidates, tl.exp(x - top[:, None]), 0.0), axis=1)
     wts = tl.where(got, wts, 0.0)

@@ -413,6 +413,23 @@ def test_rows_wider_than_one_warp_route_like_the_reference(num_tokens, num_exper
     _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_tokens)
 
 
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("num_experts", [64, 256])
+def test_a_biased_group_with_a_tied_best_scores_it_twice(num_experts) -> None:
+    """Biased grouped routing ranks a group by the sum of its two best values; when the best value
+    is held by two experts, the second best is that same value."""
+    size = num_experts // 8
+    logits = torch.full((2, num_experts), -4.0)
+    logits[:, 1 * size + 3] = logits[:, 1 * size + 5] = 2.0  # group 1: the best value twice
+    logits[:, 5 * size] = 2.5  # group 5: a better best, a poor second
+    logits[1, 1 * size + 5] = -4.0  # row 1: no tie, so group 5 wins
+    router = RouterSpec(2, "sigmoid", True, 8, 1, 2.5)
+    bias = torch.zeros(num_experts)
+    _compare_routing(logits, PrunerConfig(), router, bias=bias, num_valid_tokens=2)
+    got = prune_route(routing_call(logits, router, device=DEVICE, correction_bias=bias), PrunerConfig())
+    assert got.topk_ids.cpu().tolist() == [[1 * size + 3, 1 * size + 5], [5 * size, 5 * size + 1]]
+
+
 def test_moe_spec_static_routing(tmp_path) -> None:
     import json
 

@@ -110,17 +110,27 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
 * The routing's top-k rounds took two row reductions per pick (the maximum key, then the picked
   expert's softmax term as a sum over the row; a third, its kept flag, under truncation).  The rounds
   now take the maxima alone.  After them the picks' logits come back from their keys (``key_logit``:
-  a key holds its value's order-preserving bits, and a 16-bit value's dropped low bits are known) or,
-  where the key ranks a biased score, from memory; the kept flags come from one ``tl.gather``, and the
-  experts routed to are those at or above the last pick's key.  Exact: the same values go through the
-  same operations, and keys are distinct within a row.  The routing kernel, and a one-program ``none``,
-  run one warp per row of their tile (``prune_route.route_warps``): an int32 maximum is then one
-  warp-wide ``REDUX`` on sm_90, and an int64 key's maximum two (the value half, then the index half
-  among the value's ties: the int64 order itself).
+  a key holds its value's order-preserving bits, and a 16-bit value's dropped low bits are known);
+  the kept flags come from one ``tl.gather``, and the experts routed to are those at or above the
+  last pick's key.  Exact: the same values go through the same operations, and keys are distinct
+  within a row.  The routing kernel, and a one-program ``none``, run one warp per row of their tile
+  (``prune_route.route_warps``): an int32 maximum is then one warp-wide ``REDUX`` on sm_90, and an
+  int64 key's maximum two (the value half, then the index half among the value's ties: the int64
+  order itself).
+* A key of biased routing ranks ``sigmoid(logit) + bias``, which does not give the logit back, so
+  the picks' weights were the sigmoids of logits loaded again from memory after the last pick (a
+  dependent round trip at the end of every DeepSeek-V3 call).  On a warp per row each pick now also
+  takes the maximum of the row's sigmoid bits where the index half matched (one ``REDUX`` that no
+  later pick waits for): the weight is the very float32 sigmoid the key was built from, the bits
+  of a value >= 0 ordering as the value.  A row over several warps (E > 256) keeps the reload, one
+  round trip for all picks, where a block-wide maximum per pick would take a barrier each.
 * Grouped routing (DeepSeek-V3) ranked the groups in a loop over groups, three row reductions each,
   and marked the chosen groups in a second loop.  When the groups split a power-of-two E evenly it
   views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.
-  Exact: the same keys, maxima and counts, taken per group at once.
+  With a bias the group's two best values come from int32 maxima of the keys' value halves (the best,
+  the count of its ties, the best below it) instead of two int64 maxima: a tie at the top makes the
+  second best the best again, as the second-best distinct key would.  Exact: the same values, maxima
+  and counts, taken per group at once.
 * ``xshare-ep``'s order inside each rank masked an [E, E] key comparison with an [E, E] group
   equality (hundreds of spilled registers at E=256).  Now the global places ``p`` come first and one
   int32 comparison of ``rank * 1024 + p`` against each expert's rank start, unsigned, counts the
@@ -668,15 +678,25 @@ def group_order_key(k1, k2, count, g, HAS_BIAS: tl.constexpr, KEY_SHIFT: tl.cons
     their best value.  ``k1``, ``k2``: the group's best and second-best packed keys; ``count``: its
     candidates; ``MIN_KEY`` for a group without candidates."""
     if HAS_BIAS:
-        score = tl.where(count >= 2, key_value(k1) + key_value(k2), key_value(k1))
-        primary = tl.minimum(count, 2)
-        order = ordered_bits(score + 0.0).to(tl.int64)
+        return biased_group_key((k1 >> ID_BITS).to(tl.int32), (k2 >> ID_BITS).to(tl.int32), count, g)
     else:
         primary = tl.minimum(count, 1)
         if KEY_SHIFT == 0:
             order = ordered_bits(key_value(k1) + 0.0).to(tl.int64)
         else:
             order = (k1 >> ID_BITS).to(tl.int64)  # the same order as the value's bits
+    packed = (primary.to(tl.int64) << 42) | ((order + (1 << 31)) << ID_BITS) | (1023 - g)
+    return tl.where(count > 0, packed, MIN_KEY)
+
+
+@triton.jit
+def biased_group_key(high1, high2, count, g):
+    """:func:`group_order_key` of biased routing from the ordered bits (int32) of the group's best
+    and second-best values."""
+    first = unordered_value(high1)
+    score = tl.where(count >= 2, first + unordered_value(high2), first)
+    primary = tl.minimum(count, 2)
+    order = ordered_bits(score + 0.0).to(tl.int64)
     packed = (primary.to(tl.int64) << 42) | ((order + (1 << 31)) << ID_BITS) | (1023 - g)
     return tl.where(count > 0, packed, MIN_KEY)
 
@@ -751,13 +771,19 @@ def route_block(
             # E = BLOCK_G * GROUP_SIZE: every group at once, as the last axis of a [rows, G, size] view
             key3 = tl.reshape(key, [x.shape[0], BLOCK_G, GROUP_SIZE])
             cand3 = tl.reshape(candidates, [x.shape[0], BLOCK_G, GROUP_SIZE])
-            k1 = tl.max(tl.where(cand3, key3, lowest), axis=2)
             count = tl.sum(cand3.to(tl.int32), axis=2)
             if HAS_BIAS:
-                k2 = tl.max(tl.where(cand3 & (key3 != k1[:, :, None]), key3, MIN_KEY), axis=2)
+                # the two best values of each group from the int64 keys' value halves, as int32
+                # maxima: the second best is the best again when two candidates share that value
+                high3 = tl.where(cand3, (key3 >> ID_BITS).to(tl.int32), MIN_KEY32)
+                high1 = tl.max(high3, axis=2)
+                ties = tl.sum((high3 == high1[:, :, None]).to(tl.int32), axis=2)
+                below = tl.max(tl.where(high3 < high1[:, :, None], high3, MIN_KEY32), axis=2)
+                high2 = tl.where(ties >= 2, high1, below)
+                group_key = biased_group_key(high1, high2, count, g_col[None, :])
             else:
-                k2 = k1
-            group_key = group_order_key(k1, k2, count, g_col[None, :], HAS_BIAS, KEY_SHIFT)
+                k1 = tl.max(tl.where(cand3, key3, lowest), axis=2)
+                group_key = group_order_key(k1, k1, count, g_col[None, :], HAS_BIAS, KEY_SHIFT)
         else:
             group_of = e // group_size
             group_key = tl.zeros([x.shape[0], BLOCK_G], tl.int64) + MIN_KEY

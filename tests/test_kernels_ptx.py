@@ -112,6 +112,28 @@ def test_every_configuration_family_compiles_for_sm90() -> None:
 
 
 @pytest.mark.fused_selection
+def test_uneven_groups_and_wide_rows_compile_for_sm90() -> None:
+    """Expert groups that do not split a power-of-two E (ranked one group at a time) and rows wider
+    than one warp (E > 256), with and without a bias, in one program and in the routing kernel: the
+    family above is all E=128."""
+    cases = [
+        _case(tokens, policy, router, 8, fill, experts=experts)
+        for (tokens, policy, router, experts, fill) in [
+            (1, "none", "biased", 160, False),
+            (64, "none", "biased", 160, True),
+            (7, "xshare", "grouped", 160, False),
+            (1, "oea", "biased", 384, True),
+            (64, "lynx", "biased", 384, False),
+            (64, "moe-spec", "grouped", 512, False),
+            (7, "none", "sigmoid", 512, False),
+        ]
+    ]
+    results = _compile(cases)
+    failed = [(case, result["error"]) for case, result in zip(cases, results, strict=True) if "error" in result]
+    assert not failed, failed
+
+
+@pytest.mark.fused_selection
 def test_token_alignment_compiles_for_sm90() -> None:
     """The alignment epilogue in both kernels that route (one program, and the routing kernel's last
     program), with and without metrics, for the block sizes SGLang's configurations use."""

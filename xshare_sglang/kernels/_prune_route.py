@@ -129,8 +129,11 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.
   With a bias the group's two best values come from int32 maxima of the keys' value halves (the best,
   the count of its ties, the best below it) instead of two int64 maxima: a tie at the top makes the
-  second best the best again, as the second-best distinct key would.  Exact: the same values, maxima
-  and counts, taken per group at once.
+  second best the best again, as the second-best distinct key would.  The chosen groups were
+  ``topk_group`` maxima over the group keys in a row; now one [G, G] comparison counts the keys above
+  each group's, and fewer than ``topk_group`` means chosen.  Exact: the same values, maxima and
+  counts, taken per group at once; the keys of groups with candidates are distinct, and a group
+  without candidates adds none whether chosen or not.
 * ``xshare-ep``'s order inside each rank masked an [E, E] key comparison with an [E, E] group
   equality (hundreds of spilled registers at E=256).  Now the global places ``p`` come first and one
   int32 comparison of ``rank * 1024 + p`` against each expert's rank start, unsigned, counts the
@@ -678,15 +681,16 @@ def group_order_key(k1, k2, count, g, HAS_BIAS: tl.constexpr, KEY_SHIFT: tl.cons
     their best value.  ``k1``, ``k2``: the group's best and second-best packed keys; ``count``: its
     candidates; ``MIN_KEY`` for a group without candidates."""
     if HAS_BIAS:
-        return biased_group_key((k1 >> ID_BITS).to(tl.int32), (k2 >> ID_BITS).to(tl.int32), count, g)
+        packed = biased_group_key((k1 >> ID_BITS).to(tl.int32), (k2 >> ID_BITS).to(tl.int32), count, g)
     else:
         primary = tl.minimum(count, 1)
         if KEY_SHIFT == 0:
             order = ordered_bits(key_value(k1) + 0.0).to(tl.int64)
         else:
             order = (k1 >> ID_BITS).to(tl.int64)  # the same order as the value's bits
-    packed = (primary.to(tl.int64) << 42) | ((order + (1 << 31)) << ID_BITS) | (1023 - g)
-    return tl.where(count > 0, packed, MIN_KEY)
+        packed = (primary.to(tl.int64) << 42) | ((order + (1 << 31)) << ID_BITS) | (1023 - g)
+        packed = tl.where(count > 0, packed, MIN_KEY)
+    return packed
 
 
 @triton.jit
@@ -797,12 +801,11 @@ def route_block(
                     k2 = k1
                 packed = group_order_key(k1, k2, count, g, HAS_BIAS, KEY_SHIFT)
                 group_key = tl.where(g_col[None, :] == g, packed[:, None], group_key)
-        chosen_groups = tl.zeros([x.shape[0], BLOCK_G], tl.int32)
-        for _ in range(0, topk_group):
-            best = tl.max(group_key, axis=1)
-            hit = (group_key == best[:, None]) & (best[:, None] > MIN_KEY)
-            chosen_groups = tl.where(hit, 1, chosen_groups)
-            group_key = tl.where(hit, MIN_KEY, group_key)
+        # the best topk_group groups: those with fewer than topk_group keys above their own (one
+        # [G, G] comparison, not topk_group maxima in a row).  Keys of groups with candidates are
+        # distinct; a group without any (MIN_KEY) may count as chosen, and adds no candidate
+        above = tl.sum((group_key[:, None, :] > group_key[:, :, None]).to(tl.int32), axis=2)
+        chosen_groups = (above < topk_group).to(tl.int32)
         if GROUP_SIZE > 0:
             in_chosen = tl.reshape(
                 tl.broadcast_to(chosen_groups[:, :, None], [x.shape[0], BLOCK_G, GROUP_SIZE]),

@@ -122,8 +122,9 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   dependent round trip at the end of every DeepSeek-V3 call).  On a warp per row each pick now also
   takes the maximum of the row's sigmoid bits where the index half matched (one ``REDUX`` that no
   later pick waits for): the weight is the very float32 sigmoid the key was built from, the bits
-  of a value >= 0 ordering as the value.  A row over several warps (E > 256) keeps the reload, one
-  round trip for all picks, where a block-wide maximum per pick would take a barrier each.
+  of a value >= 0 ordering as the value.  A row over several warps (E > 256, or a one-program pruned
+  call's tile on the selection's eight warps) keeps the reload, one round trip for all picks, where a
+  block-wide maximum per pick would take a barrier each.
 * Grouped routing (DeepSeek-V3) ranked the groups in a loop over groups, three row reductions each,
   and marked the chosen groups in a second loop.  When the groups split a power-of-two E evenly it
   views the tile as [rows, groups, group size] and reduces the last axis: three reductions in all.

@@ -115,11 +115,19 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     ranks = max(named["top_k"], named["k0"]) if named["NEED_SCORES"] and named["SCORE_TOPK"] else named["k0"]
     block_e = named["BLOCK_E"]
     pairwise = f"one {block_e}x{block_e} order"  # no loop: every pair in registers at once
+    # the greedy budget skips the order when it takes every candidate anyway: no budget, or top-k
+    # scores reaching at most T x top_k experts; the rounds skip it when the candidates fit the target
+    if named["count"] <= 0:
+        greedy = "- (budget 0)"
+    elif named["SCORE_TOPK"] and num_tokens * named["top_k"] <= named["count"]:
+        greedy = "- (T x top_k <= budget)"
+    else:
+        greedy = pairwise
     rules = {
-        jit.MODE_GREEDY_WARM.value: pairwise,
-        jit.MODE_GREEDY_BASE.value: pairwise,
+        jit.MODE_GREEDY_WARM.value: greedy,
+        jit.MODE_GREEDY_BASE.value: greedy,
         jit.MODE_THRESHOLD.value: f"one sort of {block_e} + scan",
-        jit.MODE_RANK_ROUNDS.value: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps",
+        jit.MODE_RANK_ROUNDS.value: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps unless the candidates fit",
         jit.MODE_TOP_AGG.value: pairwise,
         jit.MODE_COACT.value: f"{greedy_picks(named, num_tokens, top_k, named['count'])}, 1 row each",
         jit.MODE_COVERAGE.value: coverage_trips(named, num_tokens, top_k),

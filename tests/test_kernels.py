@@ -430,6 +430,44 @@ def test_a_biased_group_with_a_tied_best_scores_it_twice(num_experts) -> None:
     assert got.topk_ids.cpu().tolist() == [[1 * size + 3, 1 * size + 5], [5 * size, 5 * size + 1]]
 
 
+def _kept_count(logits, router, cfg, **fields) -> int:
+    keep, _ = select(routing_call(logits, router, **fields), cfg)
+    return int(keep.sum())
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(3, 64), (3, 256), (40, 128)])
+@pytest.mark.parametrize("rule", ["budget", "rank_budget", "max_experts"])
+def test_every_candidate_taken_or_ranked_at_the_boundary(num_tokens, num_experts, rule) -> None:
+    """The set rules skip the [E, E] order when every candidate is taken anyway: the budget at
+    least T x top_k (the most experts top-k scores can reach), the rounds' target not passed, the
+    cap not binding.  Budgets one below, at and one above each of those points, and at the number
+    of candidates, must keep exactly what the reference keeps."""
+    router = RouterSpec(4, "softmax")
+    logits = make_logits(num_tokens, num_experts, "normal", seed=num_tokens + num_experts)
+    fields = dict(num_valid_tokens=num_tokens, expert_to_rank=torch.zeros(num_experts, dtype=torch.int64))
+    warm = _kept_count(logits, router, PrunerConfig(policy="oea", k0=1), **fields)
+    everything = _kept_count(logits, router, PrunerConfig(policy="xshare", k0=1, budget=num_experts), **fields)
+    candidates = everything - warm
+    assert 2 <= candidates < num_experts - warm, "the case must leave experts out of reach"
+    if rule == "budget":  # xshare: the best `budget` candidates besides the warm-up set
+        reach = num_tokens * 4  # T x top_k
+        budgets = (0, candidates - 1, candidates, candidates + 1, reach - 1, reach, reach + 1)
+        configs = [PrunerConfig(policy="xshare", k0=1, budget=b) for b in budgets]
+        wanted = [warm + min(b, candidates) for b in budgets]
+    elif rule == "rank_budget":  # xshare-ep on one rank: rounds until warm + added reaches the target
+        configs = [PrunerConfig(policy="xshare-ep", k0=1, rank_budget=everything + d) for d in (-1, 0, 1)]
+        wanted = [everything - 1, everything, everything]
+    else:  # the cap over xshare's own set
+        configs = [
+            PrunerConfig(policy="xshare", k0=1, budget=num_experts, max_experts=everything + d) for d in (-1, 0, 1)
+        ]
+        wanted = [everything - 1, everything, everything]
+    for cfg, kept in zip(configs, wanted, strict=True):
+        assert _kept_count(logits, router, cfg, **fields) == kept, cfg.summary()
+        _compare_routing(logits, cfg, router, **fields)
+
+
 def test_moe_spec_static_routing(tmp_path) -> None:
     import json
 

@@ -41,6 +41,11 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   every expert after a round trip through global memory.  It is now one [E, E] comparison of packed
   keys in registers and one column sum.  Exact: the key ``agg << 10 | (1023 - e)`` orders (agg desc,
   index asc) with one integer comparison, as the reference's stable sort does.
+  When the order's answer is known it is not computed: with top-k scores at most ``n_valid x
+  top_k`` experts are candidates, so a greedy budget at least that large (or zero) takes all (or
+  none) of them; the rounds take every candidate when ``|warm| + candidates`` does not pass their
+  target; the cap changes nothing when no more are kept.  Each is a branch on a value the whole
+  block holds.  Exact: the skipped order could only have answered "every candidate".
 * The threshold rule's mass-before-each-expert (``prefix_keep``) was the same loop with a second sum.
   It is now one bitonic sort of the packed keys (``tl.sort``) and one running sum (``tl.cumsum``).
   Exact: integer sums do not depend on their order, and the taken experts are a prefix of the sorted
@@ -952,9 +957,11 @@ def finish_keep(
     held back every load after it (the routing's logits in a one-program call).  Without scores
     (policy ``none``, every expert kept) the retained mass is whole."""
     if HAS_CAP:
-        cap_key = warm_b.to(tl.int64) * WARM_FIRST + agg
-        place = places(cap_key, keep, e, e_ok, e, False)
-        keep = keep & (place < cap)
+        # the [E, E] order only when the cap binds
+        if tl.sum((keep & e_ok).to(tl.int32), axis=0) > cap:
+            cap_key = warm_b.to(tl.int64) * WARM_FIRST + agg
+            place = places(cap_key, keep, e, e_ok, e, False)
+            keep = keep & (place < cap)
     if HAS_RANGE:
         in_range = (n_valid >= min_tokens) & (n_valid <= max_tokens)
         keep = tl.where(in_range, keep, e_ok)
@@ -1511,29 +1518,50 @@ def select_kernel(
             else:
                 start = warm_b
             candidate = e_ok & (~start) & (agg > 0)
+            # With top-k scores at most T x top_k experts have an aggregate.  When every candidate is
+            # taken anyway (small batches) the [E, E] order is skipped: a branch on a value the whole
+            # block holds, so every thread takes the same side.
             if MODE == MODE_RANK_ROUNDS:
                 group_e = tl.load(group_ptr + e, mask=e_ok, other=-1)
-                place = places(agg, candidate, e, e_ok, group_e, True)
                 target = rank_budget * (tl.max(tl.where(e_ok, group_e, -1), axis=0) + 1)
-                kept = tl.sum(start.to(tl.int64), axis=0)
-                # fewest rounds R in [0, E] with |start| + #{candidates placed < R} >= target; monotone: bisect
-                lo = tl.full([], 0, tl.int64)
-                hi = tl.full([], 0, tl.int64) + num_experts
-                for _ in range(0, SEARCH_STEPS):
-                    mid = (lo + hi) // 2
-                    added = tl.sum((candidate & (place < mid)).to(tl.int64), axis=0)
-                    enough = (kept + added >= target) | (mid >= num_experts)
-                    moving = lo < hi
-                    hi = tl.where(moving & enough, mid, hi)
-                    lo = tl.where(moving & (~enough), mid + 1, lo)
-                keep = start | (candidate & (place < lo))
+                # |start| and the candidates in one sum (disjoint sets, E < 2**16)
+                both = tl.sum(start.to(tl.int32) + (candidate.to(tl.int32) << 16), axis=0)
+                kept = (both & 0xFFFF).to(tl.int64)
+                if kept + (both >> 16) > target:
+                    place = places(agg, candidate, e, e_ok, group_e, True)
+                    # fewest rounds R in [0, E] with |start| + #{candidates placed < R} >= target;
+                    # monotone: bisect
+                    lo = tl.full([], 0, tl.int64)
+                    hi = tl.full([], 0, tl.int64) + num_experts
+                    for _ in range(0, SEARCH_STEPS):
+                        mid = (lo + hi) // 2
+                        added = tl.sum((candidate & (place < mid)).to(tl.int64), axis=0)
+                        enough = (kept + added >= target) | (mid >= num_experts)
+                        moving = lo < hi
+                        hi = tl.where(moving & enough, mid, hi)
+                        lo = tl.where(moving & (~enough), mid + 1, lo)
+                    keep = start | (candidate & (place < lo))
+                else:
+                    # the target is not passed before every candidate is in: the rounds take them all
+                    keep = start | candidate
             elif MODE == MODE_THRESHOLD:
                 kept_mass = tl.sum(tl.where(start, agg, 0), axis=0)
                 needed = threshold_target(tl.sum(agg, axis=0), tau_q)
                 keep = start | prefix_keep(agg, candidate, e, kept_mass, needed)
             else:
-                place = places(agg, candidate, e, e_ok, e, False)
-                keep = start | (candidate & (place < count))
+                # top-k scores: each voting row scores top_k experts, so at most n_valid x top_k
+                # experts are candidates (a bound known without a block-wide count)
+                if SCORE_TOPK:
+                    most = n_valid * top_k
+                else:
+                    most = tl.full([], 0, tl.int64) + num_experts
+                keep = start
+                if count > 0:
+                    if most > count:
+                        place = places(agg, candidate, e, e_ok, e, False)
+                        keep = start | (candidate & (place < count))
+                    else:
+                        keep = start | candidate  # every candidate's place is below count
         keep = finish_keep(
             keep,
             warm_b,

@@ -468,6 +468,33 @@ def test_every_candidate_taken_or_ranked_at_the_boundary(num_tokens, num_experts
         _compare_routing(logits, cfg, router, **fields)
 
 
+@pytest.mark.parametrize(
+    ("num_tokens", "num_experts", "budget", "max_experts", "order", "warps"),
+    [
+        (1, 128, 16, None, False, 1),  # T x top_k = 8 <= 16: every candidate, one warp per row
+        (2, 128, 16, None, False, 2),
+        (3, 128, 16, None, True, 4),  # 24 > 16: the order may be needed, a tile's four warps
+        (1, 128, 16, 20, False, 4),  # a cap keeps its own order: four warps
+        (1, 256, 32, None, False, 8),  # E=256 keeps its eight warps (one would hold 8 experts a lane)
+        (64, 128, 0, None, False, 4),  # budget 0 above one tile: no order, a tile's warps
+        (64, 128, 600, None, True, 4),  # 64 x 8 > 129 (the budget is clamped to E + 1)
+    ],
+)
+def test_a_budget_that_takes_every_candidate_launches_no_order(
+    num_tokens, num_experts, budget, max_experts, order, warps
+) -> None:
+    """The wrapper compiles the greedy budget's [E, E] order out (``ORDER=False``) when top-k scores
+    cannot reach more experts than the budget, and then runs a one-program xshare call of at most 128
+    experts on one warp per row, as it does ``none``."""
+    from xshare_sglang.bench.kernel_compile import capture_launches
+
+    logits = make_logits(num_tokens, num_experts, "normal", seed=num_tokens)
+    cfg = PrunerConfig(policy="xshare", k0=1, budget=budget, max_experts=max_experts)
+    launches = capture_launches(routing_call(logits, RouterSpec(8, "softmax")), cfg)
+    _, _, kwargs = launches["select_kernel"]
+    assert (kwargs["ORDER"], kwargs["num_warps"]) == (order, warps)
+
+
 def test_moe_spec_static_routing(tmp_path) -> None:
     import json
 

@@ -45,7 +45,9 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   top_k`` experts are candidates, so a greedy budget at least that large (or zero) takes all (or
   none) of them; the rounds take every candidate when ``|warm| + candidates`` does not pass their
   target; the cap changes nothing when no more are kept.  Each is a branch on a value the whole
-  block holds.  Exact: the skipped order could only have answered "every candidate".
+  block holds, and when the launch's own row count already settles the greedy budget the wrapper
+  compiles its order out (``ORDER``).  Exact: the skipped order could only have answered "every
+  candidate".
 * The threshold rule's mass-before-each-expert (``prefix_keep``) was the same loop with a second sum.
   It is now one bitonic sort of the packed keys (``tl.sort``) and one running sum (``tl.cumsum``).
   Exact: integer sums do not depend on their order, and the taken experts are a prefix of the sorted
@@ -1206,6 +1208,7 @@ def select_kernel(
     ROW_WARPS: tl.constexpr,
     PDL: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
+    ORDER: tl.constexpr,
 ):
     if PDL:
         gdc_wait()  # launched as a programmatic dependent: the kernel before has finished, its writes seen
@@ -1557,11 +1560,14 @@ def select_kernel(
                     most = tl.full([], 0, tl.int64) + num_experts
                 keep = start
                 if count > 0:
-                    if most > count:
-                        place = places(agg, candidate, e, e_ok, e, False)
-                        keep = start | (candidate & (place < count))
+                    if ORDER:
+                        if most > count:
+                            place = places(agg, candidate, e, e_ok, e, False)
+                            keep = start | (candidate & (place < count))
+                        else:
+                            keep = start | candidate  # every candidate's place is below count
                     else:
-                        keep = start | candidate  # every candidate's place is below count
+                        keep = start | candidate  # the wrapper knows that T x top_k <= count
         keep = finish_keep(
             keep,
             warm_b,

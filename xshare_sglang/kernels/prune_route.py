@@ -83,18 +83,29 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def kernel_warps(block_experts: int, plan: LaunchPlan, policy: str, align: bool = False) -> int:
+def kernel_warps(
+    block_experts: int, plan: LaunchPlan, policy: str, align: bool = False, light_rule: bool = False
+) -> int:
     """Warps per program of the selection (and, in a one-program call, its routing).
 
     Four warps (eight from 256 experts) hold a tile of rows.  A one-program call of policy ``none``
     (the fused top-k alone, no set rule) takes one warp per row, as the routing kernel does (see
     :func:`route_warps`): on an H200 the E=128 top-8 at T=1 took 2.5 us with one warp and 3.3 with four,
-    while any set rule ran slower on fewer warps (xshare 9.0 us with one warp, 6.4 with four).  Not
-    when the call also aligns its slots: one warp then spilled about 2 KB of local memory per thread
-    for the slot comparisons, four at E=256 416 bytes (Triton 3.6, sm_90).
+    while any set rule ran slower on fewer warps (xshare 9.0 us with one warp, 6.4 with four: its
+    [E, E] order then held 512 comparisons per lane).  ``light_rule``: the call's set rule runs no
+    order (xshare whose budget takes every candidate, see :func:`_policy_args`) on at most 128
+    experts; a one-program call then takes one warp per row too, while that is no more warps than a
+    tile's.  Its row reductions are then warp-wide (``REDUX``) instead of block-wide: xshare at T=1,
+    E=128 compiles to 1 barrier instead of 27, for about 330 more instructions per lane (Triton 3.6;
+    at E=256 it would be 1900 more, so DeepSeek-V3 keeps its eight warps).  Not when the call also
+    aligns its slots: one warp then spilled about 2 KB of local memory per thread for the slot
+    comparisons, four at E=256 416 bytes (Triton 3.6, sm_90).
     """
-    if policy == "none" and plan.single and not align:
-        return route_warps(block_experts, plan)
+    if plan.single and not align:
+        if policy == "none":
+            return route_warps(block_experts, plan)
+        if light_rule and block_experts <= 128 and route_warps(block_experts, plan) <= tile_warps(block_experts):
+            return route_warps(block_experts, plan)
     return tile_warps(block_experts)
 
 
@@ -368,9 +379,16 @@ def _policy_args(cfg: PrunerConfig, call: RoutingCall) -> dict:
         count = min(layer_budget, num_experts) if (coact or coverage) else layer_budget
     else:
         mode, count = _MODES[policy], (cfg.budget if policy != "none" else 0)
+    count = min(count, num_experts + 1)
+    # The greedy budget takes every candidate (or, at 0, none) whatever the batch when top-k scores
+    # reach at most T x top_k experts and that fits the budget: no [E, E] order to compile or run.
+    takes_all = mode in ("MODE_GREEDY_WARM", "MODE_GREEDY_BASE") and (
+        count <= 0 or (cfg.effective_score == "topk" and call.logits.shape[0] * call.router.top_k <= count)
+    )
     return dict(
         mode=mode,
-        count=min(count, num_experts + 1),
+        count=count,
+        order=not takes_all,
         k0=cfg.k0 if policy not in ("moe-spec", "lynx", "none") else 0,
         request_budget=min(layer_budget if request_top else cfg.request_budget, num_experts),
         static=static_positions(cfg, layer_id, device) if static else None,
@@ -462,7 +480,13 @@ def _launch_kernels(
         GROUP_SIZE=num_experts // num_groups
         if num_groups > 1 and num_experts == block_e and _is_pow2(num_groups)
         else 0,
-        num_warps=kernel_warps(block_e, plan, cfg.policy, alignment is not None),
+        num_warps=kernel_warps(
+            block_e,
+            plan,
+            cfg.policy,
+            alignment is not None,
+            light_rule=policy["mode"] == "MODE_GREEDY_WARM" and not policy["order"] and not policy["has_cap"],
+        ),
         enable_fp_fusion=False,
         # each launch waits for the kernel before it (griddepcontrol.wait) before touching memory
         PDL=enable_pdl,
@@ -621,6 +645,7 @@ def _launch_kernels(
         ROW_WARPS=common["num_warps"] == plan.route_rows,
         # let this call's next kernel (routing or LYNX picks) launch early and wait on the device
         PDL_TRIGGER=enable_pdl and not plan.single and (route or lynx),
+        ORDER=policy["order"],
         **common,
     )
     if lynx and not plan.single:

@@ -263,6 +263,7 @@ class SelectionCase:
         # the per-layer metrics row the serving plugin passes with every call (policy none, the fused
         # top-k stand-in, runs without: a top-k keeps no metrics)
         self.metrics = torch.zeros(4, dtype=torch.int64, device=device)
+        self.with_metrics = not args.no_metrics
         # one call per rotated input, built (and checked) once, as the server builds one per layer call
         self.calls = [
             RoutingCall(
@@ -289,10 +290,14 @@ class SelectionCase:
             keep_out=self.keep,
             ids_out=self.ids,
             weights_out=self.weights,
-            metrics_row=None if cfg.policy == "none" else self.metrics,
+            metrics_row=self.metrics_row(cfg),
             workspace=self.workspace,
             enable_pdl=pdl,
         )
+
+    def metrics_row(self, cfg: PrunerConfig) -> torch.Tensor | None:
+        """The metrics row a call of ``cfg`` writes: the plugin's, unless --no-metrics (or policy none)."""
+        return None if cfg.policy == "none" or not self.with_metrics else self.metrics
 
     def topk(self, j: int):
         return sglang_native_topk(self.case.logits[j % len(self.case.logits)], self.model.router, self.bias)
@@ -321,7 +326,7 @@ class SelectionCase:
             correction_bias=self.bias.cpu() if self.bias is not None else None,
         )
         want_metrics = torch.zeros(4, dtype=torch.int64)
-        ref = prune_route_reference(on_cpu, cfg, metrics_row=None if cfg.policy == "none" else want_metrics)
+        ref = prune_route_reference(on_cpu, cfg, metrics_row=None if self.metrics_row(cfg) is None else want_metrics)
         ids_equal = torch.equal(got.topk_ids.cpu(), ref.topk_ids) and torch.equal(got.keep.cpu(), ref.keep)
         got_weights = got.topk_weights.cpu()
         weight_err = float((got_weights - ref.topk_weights).abs().max()) if c.tokens else 0.0
@@ -433,7 +438,7 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"{meta['device']}; torch {meta['torch']}, triton {meta['triton']}; MoE {meta['moe_backend']}; "
         f"git {meta['git_sha'][:12]}; {meta['date']}.",
         f"Times in us per call: median of {meta['replays']} replays of CUDA graphs of {meta['calls_per_graph']} "
-        f"calls over {meta['rotate']} rotated inputs. sel = prune_route with the serving plugin's metrics row; "
+        f"calls over {meta['rotate']} rotated inputs. sel = prune_route {meta['metrics']}; "
         f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
         "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
         "",
@@ -470,6 +475,12 @@ def main() -> int:
         action="store_true",
         help="also time every call launched as programmatic dependents (prune_route's enable_pdl, sm_90+) "
         "and check it equals the plain launch in CUDA graphs",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="time the pruned calls without the serving plugin's per-layer metrics row (the A/B of what the "
+        "metrics cost; the plugin always passes the row)",
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
@@ -537,6 +548,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "skipped": [],
         "errors": [],
+        "metrics": "WITHOUT metrics (--no-metrics)" if args.no_metrics else "with the serving plugin's metrics row",
     }
     args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
     bench_args = args

@@ -60,8 +60,26 @@ def test_bench_selection_smoke(tmp_path) -> None:
         assert r["ids_equal"] and r["weights_close"] and r["metrics_equal"] and r["eager_alloc_bytes"] == 0, r
         assert r["checks_ok"] and r["goal_met"] is None  # CPU times are not judged
         assert r["D"] == (4 if r["policy"] in ("xshare-spec", "moe-spec-request") else 1)
+        assert r["with_metrics"], r  # timed as the serving plugin calls it
     assert (tmp_path / "selection.csv").read_text().startswith("model,E,top_k,T,D,policy,settings,kept,launches")
     assert "| model | T | D | policy |" in (tmp_path / "selection.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
+def test_bench_selection_without_the_metrics_row(tmp_path) -> None:
+    """--no-metrics times the same calls with no metrics row: the kernels then write no metrics (the
+    check compares the untouched row with a reference that kept none) and the report says so."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--no-metrics"]
+    command += ["--models", "tiny", "--policies", "oea,xshare,moe-spec-static", "--out-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = json.loads((tmp_path / "selection.json").read_text())["rows"]
+    want = [(t, p) for t in (1, 40) for p in ("oea", "xshare", "moe-spec-static")]
+    assert sorted((r["T"], r["policy"]) for r in rows) == sorted(want)
+    for r in rows:
+        assert not r["with_metrics"] and r["metrics_equal"] and r["checks_ok"], r
+    assert "WITHOUT metrics" in (tmp_path / "selection.md").read_text()
 
 
 def test_bench_selection_topk_is_sglangs() -> None:

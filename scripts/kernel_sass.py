@@ -172,6 +172,11 @@ def main() -> int:
         help="also sort the routed slots by expert for blocks of BLOCK_M rows in the routing launches "
         "(prune_route's alignment; every expert local)",
     )
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="compile the calls without the serving plugin's metrics row (the A/B of the metrics' code)",
+    )
     args = parser.parse_args()
     jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
     lines = [
@@ -201,7 +206,8 @@ def main() -> int:
                 extra = {}
                 if args.align:
                     extra["alignment"] = token_alignment(num_tokens, router.top_k, num_experts, args.align)
-                launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64), **extra)
+                metrics_row = None if args.no_metrics else torch.zeros(4, dtype=torch.int64)
+                launches = capture_launches(call, cfg, metrics_row=metrics_row, **extra)
                 for kernel, (grid, kernel_args, kwargs) in launches.items():
                     named = dict(zip(getattr(jit, kernel).arg_names, kernel_args, strict=False)) | kwargs
                     compiled = compile_launch(kernel, kernel_args, kwargs)

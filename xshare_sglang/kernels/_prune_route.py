@@ -1027,13 +1027,18 @@ def finish_keep(
     if HAS_METRICS:
         if NEED_SCORES:
             total = tl.sum(agg, axis=0)
-            kept_total = tl.sum(tl.where(keep, agg, 0), axis=0)
+            # the kept mass and the kept count in one sum: agg << 10 | 1 per kept expert (aggregates
+            # stay below 2**53 and at most 512 experts are kept, as the set rules' order keys assume)
+            kept_packed = tl.sum(tl.where(keep, (agg << 10) + 1, 0), axis=0)
+            kept_total = kept_packed >> 10
+            kept_count = kept_packed & 1023
             # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
             ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
             retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
         else:
+            kept_count = tl.sum(keep.to(tl.int32), axis=0)
             retained = tl.full([], 1 << 24, tl.int64)
-        add_metric(metrics_ptr + 1, tl.sum(keep.to(tl.int32), axis=0))
+        add_metric(metrics_ptr + 1, kept_count)
         add_metric(metrics_ptr + 2, retained)
         add_metric(metrics_ptr + 3, 1)
     return keep

@@ -27,7 +27,7 @@
 # subset, e.g. --only tests), --budget SECONDS (total, default 520; the stage boxes scale with it),
 # --boxes STAGE=PERCENT[,...] (a stage's share of the budget instead of its default, e.g.
 # --boxes selection=45,moe_layer=25 when --only leaves out the guard, whose box is the rest),
-# --workers N (pytest-xdist processes for the tests stage, default 8, 0 for one process; the stage
+# --workers N (pytest-xdist processes for the tests stage, default 14 of the 16 cores, 0 for one process; the stage
 # is mostly Triton compiles, which then run side by side; used where pytest-xdist imports).
 # SGLang's fused-MoE kernel file is read from .sgl/ when present (see docs/benchmarks.md); without it
 # the benchmarks time torch._grouped_mm and say so.
@@ -38,7 +38,7 @@ sha=unknown
 only=tests,selection,pdl,moe_layer,kernel_routing,guard
 budget=520
 boxes=
-workers=8
+workers=14
 while [ $# -gt 0 ]; do
     case "$1" in
         --sha) sha=$2; shift 2 ;;

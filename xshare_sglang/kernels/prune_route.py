@@ -583,19 +583,9 @@ def _launch_kernels(
             **align_kw,
             **(common | dict(num_warps=route_warps(block_e, plan))),
         )
+        route_inputs = (*rows, *routing, keep, ws.visits, ws.route_marks, ws.tickets[1:], metrics, *aligned)
     if route_only:
-        jit.route_kernel[(plan.route_programs,)](
-            *rows,
-            *routing,
-            keep,
-            ws.visits,
-            ws.route_marks,
-            ws.tickets[1:],
-            metrics,
-            *aligned,
-            ALL_KEPT=True,
-            **route_args,
-        )
+        jit.route_kernel[(plan.route_programs,)](*route_inputs, ALL_KEPT=True, **route_args)
         return
     jit.select_kernel[(plan.num_parts,)](
         *rows,
@@ -699,18 +689,7 @@ def _launch_kernels(
             launch_pdl=enable_pdl,
         )
     if route and not plan.single:
-        jit.route_kernel[(plan.route_programs,)](
-            *rows,
-            *routing,
-            keep,
-            ws.visits,
-            ws.route_marks,
-            ws.tickets[1:],
-            metrics,
-            *aligned,
-            ALL_KEPT=False,
-            **route_args,
-        )
+        jit.route_kernel[(plan.route_programs,)](*route_inputs, ALL_KEPT=False, **route_args)
 
 
 def prune_route(

@@ -23,7 +23,7 @@ import torch
 
 from tests.live_server import LAUNCH, LiveServer
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
-from xshare_sglang.policies.rewrite import rewrite_routing
+from xshare_sglang.policies.rewrite import activated_experts, filler_ids
 from xshare_sglang.replay.trace import load_trace
 from xshare_sglang.tiny.tiny_demo import heldout_texts
 from xshare_sglang.tiny.tiny_model import RouterHook, tiny_model_dir
@@ -185,12 +185,13 @@ def xshare_server(tmp_path_factory):
 
 
 def _layer_activated(logits: torch.Tensor, keep: torch.Tensor) -> float:
-    """Experts the server's CPU path reads for one layer call: routing inside ``keep``, dropped slots
-    filled, counted like the plugin's metrics."""
-    ids, weights = route_within(logits, keep, top_k=TOP_K, coverage="substitution", renormalize=True)
-    metrics = torch.zeros(4, dtype=torch.int64)
-    rewrite_routing(ids, weights, keep, metrics_row=metrics, fill_dropped=True)
-    return float(metrics[0])
+    """Experts the server's CPU path reads for one layer call: routing inside ``keep``; a row with
+    fewer than top-k kept experts gets weight-0 fillers in its empty slots (the first free kept
+    experts, then the first free pruned ones), which the backend reads, so they count."""
+    ids, _ = route_within(logits, keep, top_k=TOP_K, coverage="substitution", renormalize=True)
+    empty = ids < 0
+    ids = torch.where(empty, filler_ids(ids, keep, empty), ids)
+    return float(activated_experts(ids, keep.numel()))
 
 
 class TestTracedServer:
@@ -212,6 +213,10 @@ def _check_concurrent_replay(xshare_server) -> None:
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda text: server.generate(text, 16), texts[:16]))
     assert all(answer["meta_info"]["completion_tokens"] == 16 for answer in answers)
+    # then one request alone: the last forward has one row, which keeps k0 + budget = 3 of 4 picks,
+    # so the gauges below cover the filled slot (the concurrent forwards alone end on 1 row only by
+    # chance)
+    assert server.generate(texts[0], 4)["meta_info"]["completion_tokens"] == 4
     assert server.wait_for_log("moe-pruner: ", 5)
     files = _wait_for_traces(traces)
     calls = [call for path in files for call in load_trace(path).calls]
@@ -231,7 +236,9 @@ def _check_concurrent_replay(xshare_server) -> None:
     # gauges: reported after every pruned forward, so they describe the last one
     last_step = max(call.step for call in pruned)
     metrics = server.metrics()
-    for call in (c for c in pruned if c.step == last_step):
+    last = [c for c in pruned if c.step == last_step]
+    assert all(c.num_rows == 1 for c in last), f"the last recorded forward has {last[0].num_rows} rows"
+    for call in last:
         labels = (("layer", str(call.layer)), ("tp_rank", "0"))
         assert metrics["moe_pruner:kept_experts"][labels] == int(call.keep.sum())
         assert metrics["moe_pruner:activated_experts"][labels] == _layer_activated(call.logits.float(), call.keep)

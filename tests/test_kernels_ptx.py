@@ -189,6 +189,22 @@ def test_loop_bodies_count_one_trip_of_each_loop() -> None:
         LoopBody(instructions=5, barriers=1, shuffles=1, global_loads=1),
     ]
     assert str(loop_bodies(sass)[1]) == "5/1/1/1"
+    # ptxas may place a loop's latch out of line, after the EXIT: the loop is the blocks on a path from
+    # its header to the latch (0x20-0x30 and 0x70-0x80), not the address range 0x20-0x80, whose
+    # 0x40-0x60 no trip runs; the closing branch to itself is no loop
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+        /*0020*/                   SHFL.BFLY PT, R3, R2, 0x1, 0x1f ;
+        /*0030*/              @P0  BRA 0x70 ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/                   LDG.E R5, desc[UR4][R4.64] ;
+        /*0060*/                   EXIT ;
+        /*0070*/                   LDG.E R6, desc[UR4][R4.64] ;
+        /*0080*/                   BRA 0x20 ;
+        /*0090*/                   BRA 0x90 ;
+    """
+    assert loop_bodies(sass) == [LoopBody(instructions=4, barriers=0, shuffles=1, global_loads=1)]
 
 
 @pytest.mark.fused_selection

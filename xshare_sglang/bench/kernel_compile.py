@@ -134,8 +134,9 @@ def _cuobjdump(cubin: bytes, *flags: str) -> str:
 
 @dataclass(frozen=True)
 class LoopBody:
-    """Static counts over one loop's body: the instructions from a backward branch's target to the
-    branch, inner loops included (what one trip of the loop issues, each inner loop counted once)."""
+    """Static counts over one loop: the instructions of every basic block on a path from the loop's
+    header to its backward branch (its natural loop), inner loops included (what one trip of the loop
+    issues, each inner loop counted once)."""
 
     instructions: int
     barriers: int
@@ -146,19 +147,74 @@ class LoopBody:
         return f"{self.instructions}/{self.barriers}/{self.shuffles}/{self.global_loads}"
 
 
+def _branch_target(opcode: str, operands: str) -> int | None:
+    """The address a ``BRA`` jumps to, or None for any other instruction."""
+    if opcode.split(".")[0] != "BRA":
+        return None
+    target = re.search(r"0x([0-9a-f]+)", operands)
+    return None if target is None else int(target.group(1), 16)
+
+
 def loop_bodies(sass: str) -> list[LoopBody]:
-    """Every loop of a kernel's SASS text (``cuobjdump -sass``), in the order of their branches."""
+    """Every loop of a kernel's SASS text (``cuobjdump -sass``), in the order of their backward branches.
+
+    A loop is the natural loop of a backward branch (a ``BRA`` to an earlier address; ptxas's closing
+    branch to itself is none):
+    its header (the target's block) and every block that reaches the branch's block without passing
+    through the header, on the control-flow graph of the listing.  Not the address range from target
+    to branch: ptxas places blocks out of line (a loop's latch after the kernel's ``EXIT``, say), and
+    the range then takes in code no trip runs.
+    """
     listing = [
-        (int(m.group(1), 16), m.group(3).split(".")[0], m.group(4))
+        (int(m.group(1), 16), m.group(2) is not None, m.group(3), m.group(4))
         for m in _INSTRUCTION.finditer(sass)
         if not m.group(3).startswith("NOP")
     ]
+    if not listing:
+        return []
+
+    def block_index(address: int) -> int:
+        # a branch target is an instruction address; NOPs were left out, so take the next one kept
+        return next(i for i, (at, *_) in enumerate(listing) if at >= address)
+
+    leaders = {0}
+    for i, (_, _, opcode, operands) in enumerate(listing):
+        target = _branch_target(opcode, operands)
+        if target is not None:
+            leaders.add(block_index(target))
+        if target is not None or opcode.split(".")[0] in ("EXIT", "RET"):
+            leaders.add(i + 1)
+    starts = sorted(leader for leader in leaders if leader < len(listing))
+    blocks = [range(a, b) for a, b in zip(starts, [*starts[1:], len(listing)], strict=True)]
+    block_at = {start: number for number, start in enumerate(starts)}
+    predecessors: list[set[int]] = [set() for _ in blocks]
+    back_edges = []
+    for number, block in enumerate(blocks):
+        _, predicated, opcode, operands = listing[block[-1]]
+        base = opcode.split(".")[0]
+        target = _branch_target(opcode, operands)
+        # a branch with a predicate (on the instruction or as an operand) may fall through
+        conditional = predicated or (target is not None and re.match(r"\s*!?U?P\w+\s*,", operands) is not None)
+        if target is not None:
+            header = block_at[block_index(target)]
+            predecessors[header].add(number)
+            if listing[block[-1]][0] > target:
+                back_edges.append((number, header))
+        falls_through = (target is None and base not in ("EXIT", "RET")) or conditional
+        if base in ("EXIT", "RET") and predicated:
+            falls_through = True
+        if falls_through and number + 1 < len(blocks):
+            predecessors[number + 1].add(number)
     bodies = []
-    for address, base, operands in listing:
-        target = re.search(r"0x([0-9a-f]+)", operands) if base == "BRA" else None
-        if target is None or int(target.group(1), 16) >= address:
-            continue
-        body = [op for at, op, _ in listing if int(target.group(1), 16) <= at <= address]
+    for latch, header in back_edges:
+        members = {header, latch}
+        stack = [latch] if latch != header else []
+        while stack:
+            for before in predecessors[stack.pop()]:
+                if before not in members:
+                    members.add(before)
+                    stack.append(before)
+        body = [listing[i][2].split(".")[0] for number in sorted(members) for i in blocks[number]]
         bodies.append(
             LoopBody(
                 instructions=len(body),

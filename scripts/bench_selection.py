@@ -71,7 +71,7 @@ from xshare_sglang.bench.moe_layer import (
     build_case,
     resolve_backends,
 )
-from xshare_sglang.kernels import SelectionWorkspace, per_request_policy, plan_launch, prune_route
+from xshare_sglang.kernels import SelectionWorkspace, plan_for, prune_route
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 
@@ -378,7 +378,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
             "pdl_equal": pdl_equal(sel, cfg),
         }
     tokens = sel.case.tokens
-    plan = plan_launch(tokens, sel.model.shape.num_experts, sel.case.tokens_per_request, per_request_policy(cfg))
+    plan = plan_for(cfg, tokens, sel.model.shape.num_experts, sel.case.tokens_per_request)
     if args.pdl:
         multi = not plan.single and cfg.policy != "none"
         pdl["reset_pdl_us"] = (

@@ -22,9 +22,9 @@ import triton.language as tl
 
 from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig, select_experts_mask
-from xshare_sglang.kernels import SelectionWorkspace, plan_launch, prune_route, select_keep_mask
+from xshare_sglang.kernels import SelectionWorkspace, plan_for, plan_launch, prune_route, select_keep_mask
 from xshare_sglang.kernels import _prune_route as jit
-from xshare_sglang.kernels.prune_route import MAX_TILE_ROWS, TILE_ELEMENTS
+from xshare_sglang.kernels.prune_route import COVERAGE_SPLIT_ROWS, MAX_TILE_ROWS, TILE_ELEMENTS
 from xshare_sglang.policies.api import select
 from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
@@ -598,6 +598,101 @@ def test_one_layer_call_launches_the_planned_kernels(policy, monkeypatch) -> Non
         plan = plan_launch(num_tokens, 128, tokens_per_request, policy == "xshare-spec")
         want = 1 if plan.single else {"none": 1, "lynx": 3}.get(policy, 2)
         assert len(launches) == want, (num_tokens, launches)
+
+
+COVERAGE_TOPK = dict(policy="moe-spec", ranking="coverage", score="topk")
+
+
+@pytest.mark.parametrize("num_experts", [60, 128, 160, 256, 384])
+def test_coverage_ranking_plans_two_programs_for_a_tall_tile(num_experts) -> None:
+    """The coverage ranking on top-k scores runs a call of one tile but at least COVERAGE_SPLIT_ROWS
+    rows as two programs of equal power-of-two tiles (the pair-sum greedy); every other call, and the
+    same ranking on dense scores, keeps plan_launch's plan."""
+    coverage = PrunerConfig(**COVERAGE_TOPK, max_experts=16)
+    others = [
+        PrunerConfig(policy="moe-spec", ranking="coverage", score="probs", max_experts=16),
+        PrunerConfig(policy="xshare-spec", k0=1, budget=8, request_budget=2),
+        PrunerConfig(policy="moe-spec", max_experts=16),
+        PrunerConfig(policy="xshare", k0=1, budget=8),
+    ]
+    # T = 5 to 8 read one 8-row tile on up to 256 experts: that tile is split
+    assert COVERAGE_SPLIT_ROWS == 5
+    if num_experts <= 256:
+        assert [plan_for(coverage, t, num_experts, 1).num_parts for t in range(1, 10)] == [1, 1, 1, 1, 2, 2, 2, 2, 2]
+    for num_tokens in range(0, 20):
+        plain = plan_launch(num_tokens, num_experts, 1, False)
+        for cfg in others:
+            per_request = cfg.policy == "xshare-spec"
+            assert plan_for(cfg, num_tokens, num_experts, 1) == plan_launch(num_tokens, num_experts, 1, per_request)
+        plan = plan_for(coverage, num_tokens, num_experts, 1)
+        if not plain.single or num_tokens < COVERAGE_SPLIT_ROWS:
+            assert plan == plain, num_tokens
+            continue
+        assert plan.num_parts == 2 and plan.route_programs == 2, plan
+        tile = plan.rows_per_program
+        assert tile & (tile - 1) == 0 and tile < num_tokens <= 2 * tile, plan
+        assert plan.chunk_rows == plan.route_rows == plan.rows_per_request == tile, plan
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(
+    ("num_tokens", "num_experts", "routing"),
+    [(4, 128, "softmax"), (5, 60, "biased"), (8, 128, "softmax"), (8, 256, "grouped")],
+)
+def test_coverage_ranking_on_a_split_tile_matches_reference(num_tokens, num_experts, routing, monkeypatch) -> None:
+    """Coverage calls of one tile from COVERAGE_SPLIT_ROWS rows launch the selection over two programs
+    and the routing (the pair sums zeroed before them), T=4 one program; ids, keep mask, metrics and the token alignment
+    equal the reference's, weights within tolerance, on two calls in a row on one workspace (the pair
+    sums start from 0 each time), with padding rows and filled slots."""
+    from xshare_sglang.kernels import token_alignment
+    from xshare_sglang.policies.token_alignment import align_reference
+
+    launches = []
+    launcher = type(jit.select_kernel)
+    original_run = launcher.run
+
+    def counting_run(self, *args, **kwargs):
+        launches.append(self.fn.__name__)
+        return original_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(launcher, "run", counting_run)
+    top_k = 8
+    cfg = PrunerConfig(**COVERAGE_TOPK, max_experts=num_experts // 4)
+    router, bias = _router(routing, top_k, num_experts, seed=num_tokens)
+    workspace = SelectionWorkspace(num_experts, DEVICE)
+    split = num_tokens >= 5
+    for seed in range(2):
+        logits = make_logits(num_tokens, num_experts, ["normal", "integers"][seed], seed=seed + num_tokens)
+        fields = dict(num_valid_tokens=num_tokens - seed, correction_bias=bias)
+        want_metrics = torch.zeros(4, dtype=torch.int64)
+        want = prune_route_reference(
+            routing_call(logits, router, **fields), cfg, fill_dropped=True, metrics_row=want_metrics
+        )
+        alignment = token_alignment(num_tokens, top_k, num_experts, 16, device=DEVICE)
+        metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+        launches.clear()
+        got = prune_route(
+            routing_call(logits, router, device=DEVICE, as_tensor=True, **fields),
+            cfg,
+            fill_dropped=True,
+            metrics_row=metrics,
+            alignment=alignment,
+            workspace=workspace,
+        )
+        label = f"T={num_tokens} E={num_experts} {routing} call {seed}"
+        assert launches == (["select_kernel", "route_kernel"] if split else ["select_kernel"]), (
+            label,
+            launches,
+        )
+        assert got.keep.cpu().tolist() == want.keep.tolist(), label
+        assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+        torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE, msg=label)
+        assert metrics.cpu().tolist() == want_metrics.tolist(), label
+        sorted_ids, expert_ids, bounds = align_reference(want.topk_ids, 16, num_experts, 0)
+        end = int(bounds[-1])
+        assert alignment.bounds.cpu().tolist() == bounds.tolist(), label
+        assert alignment.sorted_ids[:end].cpu().tolist() == sorted_ids.tolist(), label
+        assert alignment.expert_ids[: end // 16].cpu().tolist() == expert_ids.tolist(), label
 
 
 # ------------------------------------------------------------------ tickets, workspaces, devices

@@ -88,6 +88,13 @@ def test_graph_capture_and_replay(policy, num_tokens, num_experts, dtype, tmp_pa
     _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype)
 
 
+@pytest.mark.parametrize(("num_tokens", "num_experts", "dtype"), [(8, 128, torch.bfloat16), (5, 256, torch.float16)])
+def test_graph_replay_of_a_split_coverage_tile(num_tokens, num_experts, dtype, tmp_path) -> None:
+    """The coverage ranking on one tile of at least five rows runs as two programs (``plan_for``):
+    its graph replays match the reference like every multi-program call's."""
+    _check_replays(_config("moe-spec-coverage", tmp_path, num_experts), num_tokens, num_experts, dtype)
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
     reason="programmatic dependent launch needs compute capability 9.0+",

@@ -50,6 +50,7 @@ MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most
 TILE_ELEMENTS = 2048  # a tile of rows holds about this many logits
 MAX_TILE_ROWS = 8  # more programs of fewer rows: 20-35% faster calls at T=128, E=128 on an H200
 MAX_PARTS = 64  # programs of the selection (each adds its share into the accumulators with atomics)
+COVERAGE_SPLIT_ROWS = 5  # the coverage ranking on top-k scores runs as two programs from this T (see plan_for)
 # ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
 MAX_COVERAGE_TOKENS = 1024
 # the co-activation greedy packs gain and index into one int64 key up to this many tokens (gain < 2**52)
@@ -186,7 +187,9 @@ class LaunchPlan:
         return ("select_kernel", "route_kernel")
 
 
-def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_request: bool) -> LaunchPlan:
+def plan_launch(
+    num_tokens: int, num_experts: int, tokens_per_request: int, per_request: bool, min_parts: int = 1
+) -> LaunchPlan:
     """Split T tokens over at most :data:`MAX_PARTS` programs; requests never straddle programs.
 
     A call runs as one program (one launch: selection and routing) only when it is one tile of rows,
@@ -195,7 +198,9 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
     second 16-row tile added ~13 µs to an xshare call, the second launch ~3 µs).  One program's tiles
     are no taller than the call (a 16-row tile at T=1 did the work of 16 rows).  Tiles hold at most
     :data:`MAX_TILE_ROWS` rows: at T=128 on an H200, 16 programs of 8 rows beat 8 programs of 16
-    (E=128: ``none`` 3.5 against 5.2 us, xshare 11.3 against 14.3).
+    (E=128: ``none`` 3.5 against 5.2 us, xshare 11.3 against 14.3).  ``min_parts`` (not with
+    ``per_request``): a call of one tile but at least that many rows is split into that many
+    programs of equal power-of-two tiles instead (see :func:`plan_for`).
     """
     block_experts = max(16, _next_pow2(num_experts))
     tile = tile_rows(num_experts)
@@ -212,6 +217,10 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
         rows_per_program = max(tile, -(-rows // MAX_PARTS))
         rows_per_program = -(-rows_per_program // tile) * tile
         num_parts = max(1, -(-num_tokens // rows_per_program))
+        if num_parts < min_parts <= num_tokens:
+            tile = _next_pow2(-(-num_tokens // min_parts))
+            chunk = rows_per_program = tile
+            num_parts = -(-num_tokens // tile)
     if num_parts == 1:
         tile = min(tile, _next_pow2(rows))
         if not per_request:
@@ -221,6 +230,28 @@ def plan_launch(num_tokens: int, num_experts: int, tokens_per_request: int, per_
         rows_per_request = rows_per_program
     route_programs = 0 if num_parts == 1 else -(-num_tokens // tile)
     return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile, route_programs)
+
+
+def plan_for(cfg: PrunerConfig, num_tokens: int, num_experts: int, tokens_per_request: int) -> LaunchPlan:
+    """The launch plan of one call of ``cfg`` (what :func:`prune_route` launches).
+
+    :func:`plan_launch`, except that the coverage ranking on top-k scores takes two programs from
+    :data:`COVERAGE_SPLIT_ROWS` rows: above one program its greedy reads one row of pair sums per
+    pick, while one program recomputes every gain from its tile of rows at each pick, which costs
+    more the taller the tile.  On an H200 at ``f53d4e0`` (with the metrics row) one program of 8 rows
+    added 44-59 µs on the E=128 routers and 163 µs on DeepSeek-V3, the pair sums 29-32 and 57 µs at
+    any T from 32 to 512 (docs/bench_selection.md).  T = 5 to 8 read the same 8-row tile; at T <= 4
+    the tile is at most 4 rows and the call stays one launch.
+    """
+    per_request = per_request_policy(cfg)
+    split = (
+        cfg.policy == "moe-spec"
+        and cfg.ranking == "coverage"
+        and cfg.effective_score == "topk"
+        and not per_request
+        and num_tokens >= COVERAGE_SPLIT_ROWS
+    )
+    return plan_launch(num_tokens, num_experts, tokens_per_request, per_request, min_parts=2 if split else 1)
 
 
 def tile_rows(num_experts: int) -> int:
@@ -235,8 +266,11 @@ def alignment_width(num_local: int) -> int:
 
 def alignment_scratch_size(num_tokens: int, top_k: int, num_experts: int, num_local: int) -> int:
     """int32 words of scratch the kernels need to align ``num_tokens`` x ``top_k`` slots: one count per
-    (routing tile, bucket) and one rank per slot."""
+    (routing tile, bucket) and one rank per slot (the tiles of any policy's plan: at most two where
+    :func:`plan_for` splits one tile)."""
     tiles = max(1, -(-num_tokens // tile_rows(num_experts)))
+    if num_tokens >= COVERAGE_SPLIT_ROWS:
+        tiles = max(tiles, 2)
     return tiles * alignment_width(num_local) + num_tokens * top_k
 
 
@@ -451,7 +485,7 @@ def _launch_kernels(
     num_tokens, num_experts = logits.shape
     policy = _policy_args(cfg, call)
     per_request = per_request_policy(cfg)
-    plan = plan_launch(num_tokens, num_experts, call.tokens_per_request, per_request)
+    plan = plan_for(cfg, num_tokens, num_experts, call.tokens_per_request)
     num_valid_tokens = call.num_valid_tokens
     nv_tensor = isinstance(num_valid_tokens, torch.Tensor)
     nv_ptr = num_valid_tokens if nv_tensor else ws.tickets
@@ -552,9 +586,9 @@ def _launch_kernels(
     route_only = route and cfg.policy == "none" and not plan.single
     # the coverage greedy: in one program, every row in registers; above it, with top-k scores (each
     # row scores top_k experts, summing to at most 1), the gains as column sums less the kept experts'
-    # rows of the [E, E] pair sums (one row per pick, whatever T); with dense scores, above one
-    # register tile, per-expert row lists.  Pair sums and lists are built with atomics into buffers
-    # the fill below zeroes, so never in a single program.
+    # rows of the [E, E] pair sums (one row per pick, whatever T; plan_for sends a tile of 5 rows or
+    # more here); with dense scores, above one register tile, per-expert row lists.  Pair sums and
+    # lists are built with atomics into buffers the fill below zeroes, so never in a single program.
     cover_tile_rows = min(_next_pow2(max(num_tokens, 1)), max(TILE_ELEMENTS // block_e, plan.chunk_rows))
     coverage = policy["mode"] == "MODE_COVERAGE"
     cover_pairs = coverage and not plan.single and cfg.effective_score == "topk"

@@ -316,7 +316,7 @@ def test_fallback_is_logged_once_and_correct(caplog) -> None:
 @pytest.mark.parametrize("tokens_per_request", [1, 3, 64])
 def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens_per_request) -> None:
     plan = plan_launch(num_tokens, num_experts, tokens_per_request, spec)
-    assert 1 <= plan.num_parts <= 64
+    assert 1 <= plan.num_parts <= 128
     assert plan.block_experts >= num_experts and plan.block_experts & (plan.block_experts - 1) == 0
     assert plan.num_parts * plan.rows_per_program >= num_tokens  # every row is some program's
     assert (plan.num_parts - 1) * plan.rows_per_program < max(num_tokens, 1)  # and no program is idle
@@ -598,6 +598,18 @@ def test_one_layer_call_launches_the_planned_kernels(policy, monkeypatch) -> Non
         plan = plan_launch(num_tokens, 128, tokens_per_request, policy == "xshare-spec")
         want = 1 if plan.single else {"none": 1, "lynx": 3}.get(policy, 2)
         assert len(launches) == want, (num_tokens, launches)
+
+
+def test_launch_plan_gives_each_request_its_program_up_to_128() -> None:
+    """Up to 128 requests (or 128 tiles of rows) take a program each: at T=512 the per-request
+    policies' 128 requests of 4 rows no longer run two to a program, and 1024 rows run one 8-row tile
+    per program; past that, programs take several."""
+    plan = plan_launch(512, 128, 4, True)
+    assert (plan.num_parts, plan.rows_per_program, plan.rows_per_request) == (128, 4, 4)
+    plan = plan_launch(1024, 128, 1, False)
+    assert (plan.num_parts, plan.rows_per_program, plan.chunk_rows) == (128, 8, 8)
+    plan = plan_launch(1028, 128, 4, True)
+    assert (plan.num_parts, plan.rows_per_program) == (86, 12)  # 257 requests, three to a program
 
 
 COVERAGE_TOPK = dict(policy="moe-spec", ranking="coverage", score="topk")

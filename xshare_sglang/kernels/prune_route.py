@@ -49,7 +49,11 @@ MAX_LYNX_BETA = 14
 MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most)
 TILE_ELEMENTS = 2048  # a tile of rows holds about this many logits
 MAX_TILE_ROWS = 8  # more programs of fewer rows: 20-35% faster calls at T=128, E=128 on an H200
-MAX_PARTS = 64  # programs of the selection (each adds its share into the accumulators with atomics)
+#: Programs of the selection at most (each adds its share into the accumulators with atomics).  At 64,
+#: the per-request policies at T=512 (128 requests of 4 rows, two per program) took 2-5 µs more than
+#: at T=256 (one per program) on an H200 at f53d4e0, while 16 to 64 programs of one request each cost
+#: the same; 128 programs are still one wave on an H100's or H200's 132 SMs.
+MAX_PARTS = 128
 COVERAGE_SPLIT_ROWS = 5  # the coverage ranking on top-k scores runs as two programs from this T (see plan_for)
 # ranking=coverage keeps every row's scores in the workspace for its greedy: rows it can hold
 MAX_COVERAGE_TOKENS = 1024

@@ -202,6 +202,37 @@ def test_coverage_equals_router_top_b_when_each_token_picks_one_expert() -> None
         assert torch.equal(a.keep, b.keep)
 
 
+def test_coverage_of_one_row_is_the_top_count_by_aggregate() -> None:
+    """With one row every gain is that row's coarse score times its one uncovered share, so the
+    greedy takes the experts in the order (score desc, index asc), then the rest by aggregate, the
+    same order: the kernels run a one-row call as the router ranking's top-count.  Scores with ties
+    (equal, and equal on the greedy's coarser grid), below its grid, and rows summing past 1 (the
+    clamp binds)."""
+    from xshare_sglang.policies.scores import SCORE_ONE
+
+    generator = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        num_experts = [8, 60, 128][trial % 3]
+        kind = trial % 4
+        if kind == 0:  # integers: exact ties
+            scores = torch.randint(0, 6, (1, num_experts), generator=generator) * (SCORE_ONE // 8)
+        elif kind == 1:  # equal on the grid c = q >> 8, apart in q
+            scores = torch.randint(0, 4, (1, num_experts), generator=generator) * 256 + torch.randint(
+                0, 256, (1, num_experts), generator=generator
+            )
+        elif kind == 2:  # a softmax row
+            scores = (torch.randn(1, num_experts, generator=generator).softmax(-1) * SCORE_ONE).long()
+        else:  # sigmoid scores: the row sums past 1
+            scores = (torch.randn(1, num_experts, generator=generator).sigmoid() * SCORE_ONE).long()
+        agg = scores[0]
+        order = sorted(range(num_experts), key=lambda e: (-int(agg[e]), e))
+        for count in (0, 1, 2, 5, num_experts // 2, num_experts, num_experts + 3):
+            want = torch.zeros(num_experts, dtype=torch.bool)
+            want[order[: min(count, num_experts)]] = True
+            got = coverage_add(scores, agg, count, torch.tensor(True))
+            assert got.tolist() == want.tolist(), (trial, count)
+
+
 def test_coverage_reads_the_topk_score_unless_told() -> None:
     assert PrunerConfig(policy="moe-spec", max_experts=4, ranking="coverage").effective_score == "topk"
     assert PrunerConfig(policy="moe-spec", max_experts=4, ranking="coverage", score="probs").effective_score == "probs"
@@ -245,6 +276,63 @@ def test_kernel_matches_reference(tmp_path, variant: str, num_tokens: int, num_e
         assert got.keep.cpu().tolist() == want.keep.tolist(), label
         assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
         torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("num_experts", [60, 128, 256])
+def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: int) -> None:
+    """A call of one row takes the router ranking's top-count in the kernel (no serial pick): keep,
+    ids, weights and metrics equal the coverage reference's, over top-k and dense scores, four
+    routers, ties, non-finite logits, a non-voting row, no real row, and budgets from 1 to past E."""
+    from xshare_sglang.kernels import _prune_route as jit
+
+    routers = {
+        "softmax": (RouterSpec(8, renormalize=True), None),
+        "sigmoid": (RouterSpec(4, "sigmoid", False), None),
+        "grouped": (RouterSpec(8, "sigmoid", True, 4 if num_experts % 8 else 8, 2, 2.5), None),
+        "biased": (RouterSpec(8, "sigmoid", True, 4 if num_experts % 8 else 8, 2, 2.5), "bias"),
+    }
+    modes = []
+    original_run = type(jit.select_kernel).run
+
+    def recording_run(self, *args, **kwargs):
+        modes.append(kwargs.get("MODE"))
+        return original_run(self, *args, **kwargs)
+
+    type(jit.select_kernel).run = recording_run
+    try:
+        for case in range(12):
+            name = list(routers)[case % 4]
+            router, bias = routers[name]
+            if bias is not None:
+                bias = torch.randn(num_experts, generator=torch.Generator().manual_seed(case)) * 0.5
+            cfg = PrunerConfig(
+                policy="moe-spec",
+                ranking="coverage",
+                score=["topk", "probs"][case % 2],
+                max_experts=[1, 3, 8, num_experts + 1][case % 4],
+            )
+            logits = make_logits(1, num_experts, ["integers", "normal", "nonfinite", "repeated_rows"][case % 4], case)
+            fields = dict(
+                correction_bias=bias,
+                num_valid_tokens=[None, 1, 0][case % 3],
+                token_weights=torch.tensor([[0.7], [0.0], [1.0]][case % 3]) if case % 5 else None,
+            )
+            want_metrics = torch.zeros(4, dtype=torch.int64)
+            want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
+            metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+            modes.clear()
+            got = prune_route(
+                routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, metrics_row=metrics
+            )
+            label = f"E={num_experts} case={case} {name} {cfg.summary()}"
+            assert modes == [jit.MODE_TOP_AGG.value], (label, modes)
+            assert got.keep.cpu().tolist() == want.keep.tolist(), label
+            assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+            torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
+            assert metrics.cpu().tolist() == want_metrics.tolist(), label
+    finally:
+        type(jit.select_kernel).run = original_run
 
 
 @pytest.mark.fused_selection
@@ -409,7 +497,8 @@ def test_calibrate_from_trace_cli(tmp_path) -> None:
 @pytest.mark.fused_selection
 @pytest.mark.parametrize("variant", ["coverage", "coactivation", "calibrated"])
 def test_new_rankings_keep_the_launch_count(tmp_path, variant: str, monkeypatch) -> None:
-    """One launch when the batch is one tile of rows (8 at E=128), two above, as for every other policy."""
+    """One launch when the batch is one tile of rows (8 at E=128), two above, as for every other policy;
+    the coverage ranking (top-k scores) takes two from five rows of a tile (``plan_for``)."""
     from xshare_sglang.kernels import _prune_route as jit
 
     path = str(_calibration_file(tmp_path, num_layers=2, num_experts=128))
@@ -428,7 +517,7 @@ def test_new_rankings_keep_the_launch_count(tmp_path, variant: str, monkeypatch)
         return original_run(self, *args, **kwargs)
 
     monkeypatch.setattr(launcher, "run", counting_run)
-    for num_tokens, expected in [(1, 1), (8, 1), (9, 2), (32, 2), (255, 2)]:
+    for num_tokens, expected in [(1, 1), (4, 1), (8, 2 if variant == "coverage" else 1), (9, 2), (32, 2), (255, 2)]:
         launches.clear()
         logits = make_logits(num_tokens, 128, "normal", seed=num_tokens).to(DEVICE)
         call = routing_call(logits, RouterSpec(8), layer_id=1)

@@ -422,6 +422,13 @@ def _policy_args(cfg: PrunerConfig, call: RoutingCall) -> dict:
         count = min(layer_budget, num_experts) if (coact or coverage) else layer_budget
     else:
         mode, count = _MODES[policy], (cfg.budget if policy != "none" else 0)
+    if coverage and call.logits.shape[0] == 1:
+        # One row: each gain is the row's score on the greedy's grid times the row's one uncovered
+        # share, so the greedy keeps the experts in the order (score desc, index asc) while they gain,
+        # then the rest of the budget by aggregate, the same order: the router ranking's top-count,
+        # without a serial pick (on an H200 at f53d4e0, T=1: 5.7-10.6 us over none for the greedy,
+        # 2.8-4.2 for the router ranking).
+        mode = "MODE_TOP_AGG"
     count = min(count, num_experts + 1)
     # The greedy budget takes every candidate (or, at 0, none) whatever the batch when top-k scores
     # reach at most T x top_k experts and that fits the budget: no [E, E] order to compile or run.

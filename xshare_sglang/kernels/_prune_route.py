@@ -104,7 +104,12 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   the reference takes the rest by aggregate (or index) then index, so the picks are a ``while`` loop
   that stops there and one sort of the packed keys (``take_by_order``) takes the rest: with top-k
   scores a batch of T tokens has at most T x top_k experts that gain.  Exact: the same picks in the
-  same order, the tail of equal gains in the reference's tie order.
+  same order, the tail of equal gains in the reference's tie order.  One program still recomputes
+  every gain from its tile at each pick (three reductions across the experts, one across the rows),
+  which costs more the taller the tile; so the wrapper's plan (``plan_for``) gives a tile of 5 to 8
+  rows two programs and the pair sums, and runs a call of one row as the router ranking's top-count
+  (``MODE_TOP_AGG``): with one row every gain is the row's score times one factor, so the picks and
+  the rest of the budget follow (aggregate desc, index asc).
 * The greedy picks of the co-activation ranking and of the per-request sets took two reductions per
   pick (the maximum, then the first index holding it); now one ``tl.argmax`` over (value, index)
   pairs, first index on ties: half the block barriers per pick (6 -> 3 at E=128).  Exact: the same

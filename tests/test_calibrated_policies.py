@@ -335,6 +335,82 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
         type(jit.select_kernel).run = original_run
 
 
+def _redundant_groups_file(tmp_path, num_experts: int, seed: int):
+    """Co-activation counts where experts come in groups of four always picked together (redundancy
+    1.0 inside a group), one expert in seven never picked (redundancy 0 with every other), and partial
+    pairs elsewhere: the greedy's gains reach zero while budget is left."""
+    generator = torch.Generator().manual_seed(seed)
+    group = torch.arange(num_experts) // 4
+    together = group[:, None] == group[None, :]
+    partial = torch.randint(0, 4, (num_experts, num_experts), generator=generator)
+    pairs = torch.where(together, 5, torch.minimum(partial, partial.T))
+    never = torch.arange(num_experts) % 7 == 3
+    pairs = torch.where(never[:, None] | never[None, :], 0, pairs)
+    doc = {
+        "format": "xshare-sglang.static-ranking",
+        "version": 1,
+        "counts": [pairs.diagonal().double().tolist()],
+        "coactivation": pairs.unsqueeze(0).tolist(),
+    }
+    path = tmp_path / f"groups_{num_experts}_{seed}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("num_experts", [60, 128, 160, 256])
+def test_kernel_coactivation_picks_until_no_gain_then_index_order(tmp_path, num_experts: int) -> None:
+    """The kernel's co-activation greedy (each warp takes every pick on its own copy of the gains)
+    equals the reference when whole groups of candidates fall to a gain of zero with budget left (the
+    rest in index order), with ties, non-finite logits, padding, vote weights, budgets from 1 to past
+    E, and top-k and dense scores; the calls run the co-activation mode."""
+    from xshare_sglang.kernels import _prune_route as jit
+
+    modes = []
+    original_run = type(jit.select_kernel).run
+
+    def recording_run(self, *args, **kwargs):
+        modes.append(kwargs.get("MODE"))
+        return original_run(self, *args, **kwargs)
+
+    type(jit.select_kernel).run = recording_run
+    try:
+        for case, (num_tokens, budget) in enumerate(
+            itertools.product([1, 7, 33], [1, 5, num_experts // 2, num_experts + 3])
+        ):
+            path = _redundant_groups_file(tmp_path, num_experts, case)
+            cfg = PrunerConfig(
+                policy="moe-spec",
+                max_experts=budget,
+                ranking="coactivation",
+                score=["topk", "probs"][case % 2],
+                static_ranking_path=str(path),
+            )
+            router = [RouterSpec(8, renormalize=True), RouterSpec(4, "sigmoid", True)][case // 2 % 2]
+            logits = make_logits(num_tokens, num_experts, ["integers", "normal", "nonfinite"][case % 3], case)
+            fields = dict(
+                num_valid_tokens=[None, max(0, num_tokens - 2), 0][case % 3],
+                token_weights=torch.rand(num_tokens, generator=torch.Generator().manual_seed(case))
+                if case % 4 == 1
+                else None,
+            )
+            want_metrics = torch.zeros(4, dtype=torch.int64)
+            want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
+            metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+            modes.clear()
+            got = prune_route(
+                routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, metrics_row=metrics
+            )
+            label = f"E={num_experts} T={num_tokens} case={case} {cfg.summary()}"
+            assert jit.MODE_COACT.value in modes, (label, modes)
+            assert got.keep.cpu().tolist() == want.keep.tolist(), label
+            assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+            torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
+            assert metrics.cpu().tolist() == want_metrics.tolist(), label
+    finally:
+        type(jit.select_kernel).run = original_run
+
+
 @pytest.mark.fused_selection
 @pytest.mark.parametrize("num_tokens", [4096, 4097])
 def test_coactivation_keys_at_the_largest_batch(tmp_path, num_tokens: int) -> None:

@@ -31,6 +31,7 @@ POLICIES = [p for p in CONFIG_POLICIES if p != "none"] + [
     "moe-spec-static",
     "moe-spec-coverage",
     "moe-spec-coverage-probs",
+    "moe-spec-coact",
 ]
 
 
@@ -69,6 +70,17 @@ def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
         path = tmp_path / "ranking.json"
         path.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}))
         return PrunerConfig(policy="moe-spec", max_experts=24, ranking="static", static_ranking_path=str(path))
+    if policy == "moe-spec-coact":
+        # experts in pairs always picked together (redundancy 1.0), the rest partly: gains fall to zero
+        pairs = [
+            [[5 if i // 2 == j // 2 else (i * j + layer) % 3 for j in range(num_experts)] for i in range(num_experts)]
+            for layer in range(3)
+        ]
+        counts = [[float(row[i]) for i, row in enumerate(layer)] for layer in pairs]
+        path = tmp_path / "coactivation.json"
+        doc = {"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts, "coactivation": pairs}
+        path.write_text(json.dumps(doc))
+        return PrunerConfig(policy="moe-spec", max_experts=24, ranking="coactivation", static_ranking_path=str(path))
     if policy == "moe-spec":
         return PrunerConfig(policy=policy, max_experts=24)
     if policy == "moe-spec-coverage":
@@ -93,6 +105,13 @@ def test_graph_replay_of_a_split_coverage_tile(num_tokens, num_experts, dtype, t
     """The coverage ranking on one tile of at least five rows runs as two programs (``plan_for``):
     its graph replays match the reference like every multi-program call's."""
     _check_replays(_config("moe-spec-coverage", tmp_path, num_experts), num_tokens, num_experts, dtype)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_experts", "dtype"), [(1, 128, torch.bfloat16), (8, 256, torch.float16)])
+def test_graph_replay_of_one_program_coactivation(num_tokens, num_experts, dtype, tmp_path) -> None:
+    """The co-activation greedy in one program (each warp takes every pick on its own copy of the
+    gains, warp-wide maxima only): its graph replays match the reference."""
+    _check_replays(_config("moe-spec-coact", tmp_path, num_experts), num_tokens, num_experts, dtype)
 
 
 @pytest.mark.skipif(

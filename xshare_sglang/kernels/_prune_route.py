@@ -989,6 +989,51 @@ def count_first_use(mark_ptrs, epoch, valid, metric_ptrs):
 
 
 @triton.jit
+def coact_picks(agg, e_ok, count, redundancy_ptr, num_experts, BLOCK_E: tl.constexpr, WARPS: tl.constexpr):
+    """The co-activation greedy's picks ([BLOCK_E] int32, 1 per pick) up to 4096 tokens, with no
+    barrier per pick: every warp holds all the candidates (a [WARPS, H, SUB] tile of copies, one per
+    warp, each lane 4 experts of a 128-wide part), takes each pick on its own and loads the picked
+    row itself, so a pick is warp-wide maxima (``REDUX``) and one load, never a block reduction.
+
+    Exact as the greedy: a gain is below 2**52 (agg <= T * 2**24 <= 2**36, the factor <= 2**16), so
+    ``gain << 10 | (1023 - e)`` is an int64 key below 2**62 whose maximum is the largest gain at its
+    first index; its maximum is taken as two int32 maxima (bits 31 and up, then the low 31 bits among
+    their ties).  A pick is made only while the best gain is positive (gains never grow, so once none
+    is, none will be again); at most ``min(count, experts with an aggregate)`` steps, as only those
+    can gain."""
+    SUB: tl.constexpr = BLOCK_E if BLOCK_E < 128 else 128
+    H: tl.constexpr = BLOCK_E // SUB
+    ew = tl.arange(0, H)[None, :, None] * SUB + tl.arange(0, SUB)[None, None, :] + tl.zeros([WARPS, 1, 1], tl.int32)
+    ew_ok = ew < num_experts
+    agg_w = tl.broadcast_to(tl.reshape(agg, [1, H, SUB]), [WARPS, H, SUB])
+    chosen_w = tl.zeros([WARPS, H, SUB], tl.int32)
+    discount_w = tl.zeros([WARPS, H, SUB], tl.int32)
+    steps = tl.minimum(tl.sum((e_ok & (agg > 0)).to(tl.int32), axis=0), count)
+    for _ in range(0, steps):
+        gain = agg_w * (REDUNDANCY_ONE - discount_w)  # int64: agg_w is
+        key = tl.where(ew_ok & (chosen_w == 0), (gain << 10) | (1023 - ew), 0)
+        high = (key >> 31).to(tl.int32)
+        best_high = tl.max(tl.max(high, axis=2), axis=1)
+        low = (key & 0x7FFFFFFF).to(tl.int32)
+        best_low = tl.max(tl.max(tl.where(high == best_high[:, None, None], low, -1), axis=2), axis=1)
+        # a positive gain is a key of at least 1024
+        live = (best_high > 0) | ((best_high == 0) & (best_low >= 1024))
+        first = tl.where(live, 1023 - (best_low & 1023), -1)
+        chosen_w = tl.where(ew == first[:, None, None], 1, chosen_w)
+        picked_row = redundancy_ptr + first[:, None, None] * num_experts + ew
+        row = tl.load(picked_row, mask=ew_ok & live[:, None, None], other=0)
+        discount_w = tl.maximum(discount_w, row)
+    # then the rest of the budget in index order (what the greedy's gains of 0 pick): the free experts
+    # whose place among the free ones, counted in each warp's copy, is below what is left
+    chosen_flat = tl.reshape(chosen_w, [WARPS, BLOCK_E])
+    free = (tl.reshape(ew_ok, [WARPS, BLOCK_E]) & (chosen_flat == 0)).to(tl.int32)
+    rest = count - tl.sum(chosen_flat, axis=1)
+    chosen_flat = tl.where((free != 0) & (tl.cumsum(free, axis=1) <= rest[:, None]), 1, chosen_flat)
+    # the copies are equal: one of them
+    return tl.max(chosen_flat, axis=0)
+
+
+@triton.jit
 def finish_keep(
     keep,
     warm_b,
@@ -1272,6 +1317,7 @@ def select_kernel(
     PDL: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
     ORDER: tl.constexpr,
+    WARPS: tl.constexpr,
 ):
     if PDL:
         gdc_wait()  # launched as a programmatic dependent: the kernel before has finished, its writes seen
@@ -1550,18 +1596,7 @@ def select_kernel(
             discount = tl.zeros([BLOCK_E], tl.int64)
             taken = tl.zeros([], tl.int32)
             if COACT_KEYS:
-                # up to 4096 tokens a gain is below 2**52 (agg <= T * 2**24, the discount factor <=
-                # 2**16), so gain << 10 | (1023 - e) is one int64 key below 2**63 whose maximum is
-                # the largest gain at its first index
-                best = tl.max(tl.where(e_ok, ((agg * REDUNDANCY_ONE) << 10) | (1023 - e), -1), axis=0)
-                while (taken < count) & ((best >> 10) > 0):
-                    first = 1023 - (best & 1023)
-                    chosen = tl.where(e == first, 1, chosen)
-                    taken += 1
-                    row = tl.load(redundancy_ptr + first * num_experts + e, mask=e_ok, other=0)
-                    discount = tl.maximum(discount, row.to(tl.int64))
-                    gain = agg * (REDUNDANCY_ONE - discount)
-                    best = tl.max(tl.where(e_ok & (chosen == 0), (gain << 10) | (1023 - e), -1), axis=0)
+                chosen = coact_picks(agg, e_ok, count, redundancy_ptr, num_experts, BLOCK_E, WARPS)
             else:
                 # the largest gain and its first index, one reduction
                 gain = tl.where(e_ok, agg * REDUNDANCY_ONE, -1)
@@ -1573,7 +1608,7 @@ def select_kernel(
                     discount = tl.maximum(discount, row.to(tl.int64))
                     gain = tl.where(e_ok & (chosen == 0), agg * (REDUNDANCY_ONE - discount), -1)
                     top, first = tl.max(gain, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            chosen = take_by_order(tl.zeros([BLOCK_E], tl.int64), chosen, e, e_ok, count - taken)
+                chosen = take_by_order(tl.zeros([BLOCK_E], tl.int64), chosen, e, e_ok, count - taken)
             keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_TOP_AGG:
             place = places(agg, e_ok, e, e_ok, e, False)

@@ -696,6 +696,7 @@ def _launch_kernels(
         ALIGN_B=align_kw["ALIGN_B"],
         BLOCK_M=align_kw["BLOCK_M"],
         ROW_WARPS=common["num_warps"] == plan.route_rows,
+        WARPS=common["num_warps"],
         # let this call's next kernel (routing or LYNX picks) launch early and wait on the device
         PDL_TRIGGER=enable_pdl and not plan.single and (route or lynx),
         ORDER=policy["order"],

@@ -335,6 +335,54 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
         type(jit.select_kernel).run = original_run
 
 
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("num_experts", [60, 128, 160, 256])
+def test_kernel_coverage_pair_picks_until_no_gain_then_by_aggregate(num_experts: int) -> None:
+    """The coverage greedy from pair sums (each warp takes every pick on its own copy of the gains)
+    equals the reference when the gaining experts run out with budget left, so the rest go by
+    (aggregate desc, index asc): integer logits give tied aggregates; padding, vote weights, budgets
+    from 1 to past E; the calls run the pair-sum path."""
+    from xshare_sglang.kernels import _prune_route as jit
+
+    pair_calls = []
+    original_run = type(jit.select_kernel).run
+
+    def recording_run(self, *args, **kwargs):
+        if "COVER_PAIRS" in kwargs:  # the selection's launch (the routing kernel's run is recorded too)
+            pair_calls.append(kwargs["COVER_PAIRS"])
+        return original_run(self, *args, **kwargs)
+
+    type(jit.select_kernel).run = recording_run
+    try:
+        for case, (num_tokens, budget) in enumerate(
+            itertools.product([5, 8, 33], [1, 7, num_experts // 2, num_experts + 3])
+        ):
+            cfg = PrunerConfig(policy="moe-spec", max_experts=budget, ranking="coverage")
+            router = [RouterSpec(2, renormalize=True), RouterSpec(4, "sigmoid", True)][case % 2]
+            logits = make_logits(num_tokens, num_experts, ["integers", "repeated_rows", "nonfinite"][case % 3], case)
+            fields = dict(
+                num_valid_tokens=[None, num_tokens - 2, 0][case % 3],
+                token_weights=torch.rand(num_tokens, generator=torch.Generator().manual_seed(case))
+                if case % 4 == 1
+                else None,
+            )
+            want_metrics = torch.zeros(4, dtype=torch.int64)
+            want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
+            metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+            pair_calls.clear()
+            got = prune_route(
+                routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, metrics_row=metrics
+            )
+            label = f"E={num_experts} T={num_tokens} case={case} {cfg.summary()}"
+            assert pair_calls == [True], (label, pair_calls)
+            assert got.keep.cpu().tolist() == want.keep.tolist(), label
+            assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+            torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
+            assert metrics.cpu().tolist() == want_metrics.tolist(), label
+    finally:
+        type(jit.select_kernel).run = original_run
+
+
 def _redundant_groups_file(tmp_path, num_experts: int, seed: int):
     """Co-activation counts where experts come in groups of four always picked together (redundancy
     1.0 inside a group), one expert in seven never picked (redundancy 0 with every other), and partial

@@ -1034,6 +1034,71 @@ def coact_picks(agg, e_ok, count, redundancy_ptr, num_experts, BLOCK_E: tl.const
 
 
 @triton.jit
+def coverage_pair_picks(
+    tie,
+    e_ok,
+    picks,
+    cover_agg_ptr,
+    cover_pairs_ptr,
+    num_experts,
+    BLOCK_E: tl.constexpr,
+    WARPS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+):
+    """The coverage greedy's picks from the pair sums ([BLOCK_E] int32, 1 per kept expert), then the
+    rest of ``picks`` in the order (agg desc, index asc), with no barrier per pick: as
+    :func:`coact_picks`, every warp holds all the gains (a [WARPS, H, 64] tile of int64 copies) and
+    takes each pick on its own with warp-wide maxima, loading the picked expert's row of pair sums
+    itself.
+
+    Before any pick every row is uncovered: a gain is COVER_ONE times the column sum; keeping an
+    expert takes its row of C (the pair sums) off every gain.  Each pick is the maximum of
+    ``gain << 20 | (1023 - tie) << 10 | e``, with ``tie`` the expert's place in the order (agg desc,
+    index asc): gains stay below 2**42 (at most 1024 tokens of 2**32 each), places and ids below
+    1024, so the key is below 2**62 and its maximum is two int32 maxima (bits 31 and up, then the low
+    31 bits among their ties).  A pick is made while the best gain is positive (gains never grow);
+    at most ``min(picks, experts with a positive column sum)`` steps.  The rest are the free experts
+    of the smallest places: the place below which ``rest`` free experts lie, by bisection."""
+    SUB: tl.constexpr = BLOCK_E if BLOCK_E < 64 else 64
+    H: tl.constexpr = BLOCK_E // SUB
+    ew = tl.arange(0, H)[None, :, None] * SUB + tl.arange(0, SUB)[None, None, :] + tl.zeros([WARPS, 1, 1], tl.int32)
+    ew_ok = ew < num_experts
+    gain_w = tl.load(cover_agg_ptr + ew, mask=ew_ok, other=0, cache_modifier=".cg") << COVER_BITS
+    tie_w = tl.broadcast_to(tl.reshape(tie, [1, H, SUB]), [WARPS, H, SUB])
+    low_w = (((1023 - tie_w) << 10) | ew).to(tl.int64)
+    chosen_w = tl.zeros([WARPS, H, SUB], tl.int32)
+    gaining = tl.sum(tl.sum((ew_ok & (gain_w > 0)).to(tl.int32), axis=2), axis=1)
+    steps = tl.minimum(tl.max(gaining, axis=0), picks)
+    for _ in range(0, steps):
+        key = tl.where(ew_ok & (chosen_w == 0), (gain_w << 20) | low_w, 0)
+        high = (key >> 31).to(tl.int32)
+        best_high = tl.max(tl.max(high, axis=2), axis=1)
+        low = (key & 0x7FFFFFFF).to(tl.int32)
+        best_low = tl.max(tl.max(tl.where(high == best_high[:, None, None], low, -1), axis=2), axis=1)
+        # a positive gain is a key of at least 2**20
+        live = (best_high > 0) | ((best_high == 0) & (best_low >= (1 << 20)))
+        first = tl.where(live, best_low & 1023, -1)
+        chosen_w = tl.where(ew == first[:, None, None], 1, chosen_w)
+        picked_row = cover_pairs_ptr + first[:, None, None].to(tl.int64) * num_experts + ew
+        gain_w -= tl.load(picked_row, mask=ew_ok & live[:, None, None], other=0, cache_modifier=".cg")
+    # the places are distinct: the smallest bound with ``rest`` free experts below it (all of them
+    # when fewer are free) marks the rest
+    free = ew_ok & (chosen_w == 0)
+    rest = picks - tl.sum(tl.sum(chosen_w, axis=2), axis=1)
+    lo = tl.zeros([WARPS], tl.int32)
+    hi = tl.zeros([WARPS], tl.int32) + BLOCK_E
+    for _ in tl.static_range(0, SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        below = tl.sum(tl.sum((free & (tie_w < mid[:, None, None])).to(tl.int32), axis=2), axis=1)
+        enough = below >= rest
+        hi = tl.where(enough, mid, hi)
+        lo = tl.where(enough, lo, mid + 1)
+    chosen_w = tl.where(free & (tie_w < hi[:, None, None]), 1, chosen_w)
+    # the copies are equal: one of them
+    return tl.max(tl.reshape(chosen_w, [WARPS, BLOCK_E]), axis=0)
+
+
+@triton.jit
 def finish_keep(
     keep,
     warm_b,
@@ -1530,18 +1595,10 @@ def select_kernel(
                 # one maximum of gain << 20 | (1023 - tie) << 10 | e, with tie the expert's place in
                 # the order (agg desc, index asc): gains stay below 2**42 (at most 1024 tokens of
                 # 2**32 each), places and ids below 1024
-                tie = places(agg, e_ok, e, e_ok, e, False).to(tl.int64)
-                low = ((1023 - tie) << 10) | e
-                gain = tl.load(cover_agg_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") << COVER_BITS
-                best = tl.max(tl.where(e_ok, (gain << 20) | low, -1), axis=0)
-                while (taken < picks) & ((best >> 20) > 0):
-                    first = (best & 1023).to(tl.int32)
-                    gain -= tl.load(
-                        cover_pairs_ptr + first.to(tl.int64) * num_experts + e, mask=e_ok, other=0, cache_modifier=".cg"
-                    )
-                    chosen = tl.where(e == first, 1, chosen)
-                    taken += 1
-                    best = tl.max(tl.where(e_ok & (chosen == 0), (gain << 20) | low, -1), axis=0)
+                tie = places(agg, e_ok, e, e_ok, e, False)
+                chosen = coverage_pair_picks(
+                    tie, e_ok, picks, cover_agg_ptr, cover_pairs_ptr, num_experts, BLOCK_E, WARPS, SEARCH_STEPS
+                )
             elif COVER_LISTS:
                 # the gains are kept up to date: before any pick every row is uncovered and a gain is
                 # COVER_ONE times the column sum; a pick changes only the rows on its list, so only
@@ -1586,7 +1643,8 @@ def select_kernel(
                     covered = tl.sum(tl.where(chosen[None, :] != 0, c_rows, 0), axis=1)
                     left = tl.where(covered < COVER_ONE, COVER_ONE - covered, 0)
                     key, top = coverage_top(tl.sum(c_rows * left[:, None], axis=0), chosen, e_ok)
-            chosen = take_by_order(agg, chosen, e, e_ok, picks - taken)
+            if not COVER_PAIRS:
+                chosen = take_by_order(agg, chosen, e, e_ok, picks - taken)
             keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_COACT:
             # greedy: each step keeps the largest agg * (1 - redundancy with the kept set), first id on ties

@@ -47,6 +47,7 @@ under ``TRITON_INTERPRET=1`` (checks and launch counts; its times are no measure
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -483,8 +484,16 @@ def main() -> int:
         help="time the pruned calls without the serving plugin's per-layer metrics row (the A/B of what the "
         "metrics cost; the plugin always passes the row)",
     )
+    parser.add_argument(
+        "--block-picks",
+        action="store_true",
+        help="run the calibrated rankings' greedy picks block-wide instead of in every warp "
+        "(kernels.prune_route.WARP_PICKS_MAX_EXPERTS = 0): the other side of their A/B",
+    )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
+    if args.block_picks:
+        importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     models = {**MODEL_ROUTERS, **SMOKE_ROUTERS}
@@ -550,6 +559,7 @@ def main() -> int:
         "skipped": [],
         "errors": [],
         "metrics": "WITHOUT metrics (--no-metrics)" if args.no_metrics else "with the serving plugin's metrics row",
+        "picks": "block-wide (--block-picks)" if args.block_picks else "calibrated rankings' picks in every warp",
     }
     args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
     bench_args = args

@@ -10,6 +10,9 @@
 #   2b. pdl       scripts/bench_selection.py --pdl on a subset: the same calls launched as programmatic
 #                 dependents, timed and checked bit for bit in CUDA graphs, and timed behind the former
 #                 counter reset launch (its table goes to gpu_check.log)
+#   2c. picks     scripts/bench_selection.py --block-picks for the two calibrated rankings: their greedy
+#                 picks block-wide, the other side of the A/B whose first side (the picks in every warp)
+#                 the selection stage times (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -35,7 +38,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,pdl,moe_layer,kernel_routing,guard
+only=tests,selection,pdl,picks,moe_layer,kernel_routing,guard
 budget=520
 boxes=
 workers=14
@@ -67,7 +70,7 @@ sgl_args=()
 
 say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }
-stages=" tests selection pdl moe_layer kernel_routing guard "
+stages=" tests selection pdl picks moe_layer kernel_routing guard "
 for entry in ${boxes//,/ }; do
     name=${entry%%=*} percent=${entry#*=}
     if [[ "$stages" != *" $name "* || ! "$percent" =~ ^[0-9]+$ || "$percent" -gt 100 ]]; then
@@ -141,6 +144,15 @@ if wanted pdl; then
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/pdl" "${sgl_args[@]}"
     [ -f "$work/pdl/selection.md" ] && cat "$work/pdl/selection.md" >>"$log"
+fi
+if wanted picks; then
+    # T=512 runs the same pick chain as T=32 (one more tile per program only)
+    seconds=$(box picks 8)
+    stage picks "$seconds" python3 scripts/bench_selection.py --block-picks --tokens 1,8,32 \
+        --policies moe-spec-coact,moe-spec-coverage \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/picks" "${sgl_args[@]}"
+    [ -f "$work/picks/selection.md" ] && cat "$work/picks/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
     seconds=$(box moe_layer 20)

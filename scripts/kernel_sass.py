@@ -30,6 +30,7 @@ Routers and policies are those of ``bench_selection.py``; ``--tokens`` (default 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import sys
@@ -173,12 +174,20 @@ def main() -> int:
         "(prune_route's alignment; every expert local)",
     )
     parser.add_argument(
+        "--block-picks",
+        action="store_true",
+        help="compile the calibrated rankings' greedy picks block-wide (WARP_PICKS_MAX_EXPERTS = 0), the "
+        "other side of their A/B",
+    )
+    parser.add_argument(
         "--no-metrics",
         action="store_true",
         help="compile the calls without the serving plugin's metrics row (the A/B of the metrics' code)",
     )
     args = parser.parse_args()
     jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
+    if args.block_picks:
+        importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",

@@ -82,6 +82,47 @@ def test_bench_selection_without_the_metrics_row(tmp_path) -> None:
     assert "WITHOUT metrics" in (tmp_path / "selection.md").read_text()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
+def test_bench_selection_with_block_picks(tmp_path) -> None:
+    """--block-picks (gpu_check's picks stage) runs the calibrated rankings' greedy picks block-wide:
+    every call still equals the reference, and the report says which side it timed."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--block-picks"]
+    command += ["--models", "tiny", "--policies", "moe-spec-coact,moe-spec-coverage", "--out-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "selection.json").read_text())
+    assert sorted((r["T"], r["policy"]) for r in report["rows"]) == [
+        (t, p) for t in (1, 40) for p in ("moe-spec-coact", "moe-spec-coverage")
+    ]
+    assert all(r["checks_ok"] for r in report["rows"]), report["rows"]
+    assert report["meta"]["picks"] == "block-wide (--block-picks)"
+
+
+def test_kernel_sass_block_picks_compiles_the_other_side() -> None:
+    """kernel_sass.py --block-picks compiles the calibrated rankings' picks block-wide: the pick loop of
+    the co-activation ranking has no barrier and no shuffle by default (every warp picks on its own
+    copy), under whichever Triton is installed (CI: SGLang's 3.8), and has both with the flag."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    pick_loops = {}
+    for flag in ([], ["--block-picks"]):
+        command = [sys.executable, str(ROOT / "scripts" / "kernel_sass.py"), "--models", "qwen3-30b-a3b", "--loops"]
+        command += ["--tokens", "32", "--policies", "moe-spec-coact", *flag]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        select = [line for line in result.stdout.splitlines() if "| moe-spec-coact | select |" in line]
+        assert len(select) == 1, result.stdout
+        bodies = [tuple(int(n) for n in body.split("/")) for body in select[0].split("|")[-2].split()]
+        # the pick loop: the shortest loop that loads (the row tiles' loops hold about 1000 instructions;
+        # Triton 3.8 also reports loops around the pick loop, longer still)
+        pick_loops[bool(flag)] = min((body for body in bodies if body[3] >= 1), key=lambda body: body[0])
+    instructions, barriers, shuffles, loads = pick_loops[False]
+    # each warp loads both halves of the picked row
+    assert (barriers, shuffles, loads) == (0, 0, 2) and instructions > 50, pick_loops
+    instructions, barriers, shuffles, loads = pick_loops[True]
+    assert barriers >= 1 and shuffles >= 1 and loads == 1, pick_loops
+
+
 def test_bench_selection_topk_is_sglangs() -> None:
     """The benchmark's unpruned top-k (torch ops) routes exactly as SGLang's own select_experts."""
     from sglang.srt.layers.moe.topk import TopKConfig

@@ -9,6 +9,7 @@ errors and ``xshare-sglang calibrate --from-trace`` as a user runs it.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import subprocess
@@ -336,20 +337,27 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
 
 
 @pytest.mark.fused_selection
+@pytest.mark.parametrize("warp_picks", [True, False], ids=["warp_picks", "block_picks"])
 @pytest.mark.parametrize("num_experts", [60, 128, 160, 256])
-def test_kernel_coverage_pair_picks_until_no_gain_then_by_aggregate(num_experts: int) -> None:
-    """The coverage greedy from pair sums (each warp takes every pick on its own copy of the gains)
-    equals the reference when the gaining experts run out with budget left, so the rest go by
+def test_kernel_coverage_pair_picks_until_no_gain_then_by_aggregate(
+    num_experts: int, warp_picks: bool, monkeypatch
+) -> None:
+    """The coverage greedy from pair sums (each warp taking every pick on its own copy of the gains, or
+    block-wide: both sides of the A/B) equals the reference when the gaining experts run out with budget left, so the rest go by
     (aggregate desc, index asc): integer logits give tied aggregates; padding, vote weights, budgets
     from 1 to past E; the calls run the pair-sum path."""
     from xshare_sglang.kernels import _prune_route as jit
 
+    if not warp_picks:  # the block-wide side of the A/B (bench_selection.py --block-picks)
+        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
     pair_calls = []
     original_run = type(jit.select_kernel).run
 
     def recording_run(self, *args, **kwargs):
         if "COVER_PAIRS" in kwargs:  # the selection's launch (the routing kernel's run is recorded too)
             pair_calls.append(kwargs["COVER_PAIRS"])
+            # in every warp up to 128 experts (two halves of 64 int64 pair sums)
+            assert kwargs["WARP_PICKS"] == (warp_picks and kwargs["BLOCK_E"] <= 128)
         return original_run(self, *args, **kwargs)
 
     type(jit.select_kernel).run = recording_run
@@ -406,18 +414,25 @@ def _redundant_groups_file(tmp_path, num_experts: int, seed: int):
 
 
 @pytest.mark.fused_selection
+@pytest.mark.parametrize("warp_picks", [True, False], ids=["warp_picks", "block_picks"])
 @pytest.mark.parametrize("num_experts", [60, 128, 160, 256])
-def test_kernel_coactivation_picks_until_no_gain_then_index_order(tmp_path, num_experts: int) -> None:
-    """The kernel's co-activation greedy (each warp takes every pick on its own copy of the gains)
-    equals the reference when whole groups of candidates fall to a gain of zero with budget left (the
+def test_kernel_coactivation_picks_until_no_gain_then_index_order(
+    tmp_path, num_experts: int, warp_picks: bool, monkeypatch
+) -> None:
+    """The kernel's co-activation greedy (each warp taking every pick on its own copy of the gains, or
+    block-wide: both sides of the A/B) equals the reference when whole groups of candidates fall to a gain of zero with budget left (the
     rest in index order), with ties, non-finite logits, padding, vote weights, budgets from 1 to past
     E, and top-k and dense scores; the calls run the co-activation mode."""
     from xshare_sglang.kernels import _prune_route as jit
 
+    if not warp_picks:  # the block-wide side of the A/B (bench_selection.py --block-picks)
+        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
     modes = []
     original_run = type(jit.select_kernel).run
 
     def recording_run(self, *args, **kwargs):
+        if "WARP_PICKS" in kwargs:
+            assert kwargs["WARP_PICKS"] == warp_picks
         modes.append(kwargs.get("MODE"))
         return original_run(self, *args, **kwargs)
 

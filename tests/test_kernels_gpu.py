@@ -9,6 +9,7 @@ allocation per call.
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -107,11 +108,26 @@ def test_graph_replay_of_a_split_coverage_tile(num_tokens, num_experts, dtype, t
     _check_replays(_config("moe-spec-coverage", tmp_path, num_experts), num_tokens, num_experts, dtype)
 
 
-@pytest.mark.parametrize(("num_tokens", "num_experts", "dtype"), [(1, 128, torch.bfloat16), (8, 256, torch.float16)])
-def test_graph_replay_of_one_program_coactivation(num_tokens, num_experts, dtype, tmp_path) -> None:
-    """The co-activation greedy in one program (each warp takes every pick on its own copy of the
-    gains, warp-wide maxima only): its graph replays match the reference."""
-    _check_replays(_config("moe-spec-coact", tmp_path, num_experts), num_tokens, num_experts, dtype)
+@pytest.mark.parametrize("warp_picks", [True, False], ids=["warp_picks", "block_picks"])
+@pytest.mark.parametrize(
+    ("policy", "num_tokens", "num_experts", "dtype"),
+    [
+        ("moe-spec-coact", 1, 128, torch.bfloat16),  # one program
+        ("moe-spec-coact", 8, 256, torch.float16),
+        ("moe-spec-coact", 64, 256, torch.bfloat16),  # the last of several programs
+        ("moe-spec-coverage", 8, 128, torch.bfloat16),  # pair sums
+        ("moe-spec-coverage", 64, 256, torch.float16),
+    ],
+)
+def test_graph_replay_of_the_calibrated_picks(
+    policy, num_tokens, num_experts, dtype, warp_picks, tmp_path, monkeypatch
+) -> None:
+    """The calibrated rankings' greedy picks, each warp on its own copy of the gains (warp-wide maxima
+    only) or block-wide (``bench_selection.py --block-picks``, the other side of their A/B): graph
+    replays match the reference."""
+    if not warp_picks:
+        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
+    _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype)
 
 
 @pytest.mark.skipif(

@@ -121,6 +121,22 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   key's order is (gain desc, index asc), the reference's; larger batches keep the argmax.  The
   per-request picks do the same (a request's aggregate is below 2**31): 68 instructions and 10
   shuffles per pick instead of 99 and 15.
+* Those two greedy chains (co-activation up to 4096 tokens, coverage from pair sums) still took a
+  block-wide maximum per pick, the experts spread over all warps: each warp's shuffle tree, a trip
+  through shared memory and 3 barriers, 32-64 times in a row.  Now every warp holds all the gains
+  (``coact_picks``, ``coverage_pair_picks``: two [warps, SUB] halves, one copy per warp, each row
+  in one warp because the picked row's 128-bit loads cover it with 32 lanes) and takes each pick
+  alone, the key's maximum as two int32 warp maxima (``REDUX``), loading the picked row itself: no
+  barrier and no shuffle in the loop (``112/0/0/2`` a pick on E=128 instead of ``82/3/14/1``).  The
+  loop runs a fixed number of steps (the budget, or fewer experts that can gain) and picks only
+  while the best gain is positive, since a per-warp value cannot end a ``while`` without a barrier;
+  the rest of the budget is taken in the warp too (index order by a running count; the coverage
+  order by bisection on the places), since handing the copies back before it laid the sort after
+  them out on every warp.  Exact: the same keys, the same picks in the same order.  A half holds
+  128 int32 redundancy entries or 64 int64 pair sums (``prune_route.warp_picks``), so DeepSeek-V3's
+  coverage ranking stays block-wide; on its co-activation ranking each of eight warps issues twice
+  what a scheduler did, so ``prune_route.WARP_PICKS_MAX_EXPERTS`` keeps the block-wide picks for
+  the GPU's A/B (``bench_selection.py --block-picks``).
 * The token alignment SGLang's fused MoE runs after its top-k (``moe_align_block_size``: the slots
   sorted by expert, each expert's run padded to the GEMM's block) is written by the launches that
   route, when the call passes an alignment (issue 33, item 3), instead of by one or two launches of
@@ -989,54 +1005,89 @@ def count_first_use(mark_ptrs, epoch, valid, metric_ptrs):
 
 
 @triton.jit
-def coact_picks(agg, e_ok, count, redundancy_ptr, num_experts, BLOCK_E: tl.constexpr, WARPS: tl.constexpr):
-    """The co-activation greedy's picks ([BLOCK_E] int32, 1 per pick) up to 4096 tokens, with no
-    barrier per pick: every warp holds all the candidates (a [WARPS, H, SUB] tile of copies, one per
-    warp, each lane 4 experts of a 128-wide part), takes each pick on its own and loads the picked
-    row itself, so a pick is warp-wide maxima (``REDUX``) and one load, never a block reduction.
+def warp_halves(x, SUB: tl.constexpr, WARPS: tl.constexpr):
+    """A [2 * SUB] vector as two [WARPS, SUB] tiles (experts [0, SUB) and [SUB, 2 * SUB)), each row a
+    copy: the picks below hold one copy per warp."""
+    low, high = tl.split(tl.permute(tl.reshape(x, [2, SUB]), (1, 0)))
+    return tl.broadcast_to(low[None, :], [WARPS, SUB]), tl.broadcast_to(high[None, :], [WARPS, SUB])
+
+
+@triton.jit
+def warp_max(a, b):
+    """Each row's maximum over two [rows, SUB] tiles, as [rows, 1]: a row sits in one warp, so no
+    barrier (int32: one ``REDUX`` per tile on sm_90)."""
+    return tl.maximum(tl.max(a, axis=1), tl.max(b, axis=1))[:, None]
+
+
+@triton.jit
+def warp_key_max(key_a, key_b):
+    """Each row's maximum of two [rows, SUB] tiles of int64 keys in [0, 2**62), as [rows, 1]: two int32
+    maxima, the bits from 31 up, then the low 31 bits among the keys holding that high part."""
+    high_a = (key_a >> 31).to(tl.int32)
+    high_b = (key_b >> 31).to(tl.int32)
+    best_high = warp_max(high_a, high_b)
+    low_a = tl.where(high_a == best_high, (key_a & 0x7FFFFFFF).to(tl.int32), -1)
+    low_b = tl.where(high_b == best_high, (key_b & 0x7FFFFFFF).to(tl.int32), -1)
+    return (best_high.to(tl.int64) << 31) | warp_max(low_a, low_b)
+
+
+@triton.jit
+def coact_picks(agg, count, redundancy_ptr, num_experts, BLOCK_E: tl.constexpr, WARPS: tl.constexpr):
+    """The co-activation greedy's picks up to 4096 tokens, then the rest of ``count`` in index order
+    ([BLOCK_E] int32, 1 per kept expert), with no barrier per pick.
+
+    Every warp holds all the gains, as two [WARPS, SUB] tiles of copies (a row per warp), takes each
+    pick on its own and loads the picked redundancy row itself: a pick is two int32 warp maxima
+    (:func:`warp_key_max`) and one load, never a block reduction.  The tiles are 2-D with the experts
+    on the contiguous axis, so the row load lays each row in one warp whatever the compiler's order
+    among other axes (int32 rows: up to 128 experts a row, so up to 256 experts).
 
     Exact as the greedy: a gain is below 2**52 (agg <= T * 2**24 <= 2**36, the factor <= 2**16), so
-    ``gain << 10 | (1023 - e)`` is an int64 key below 2**62 whose maximum is the largest gain at its
-    first index; its maximum is taken as two int32 maxima (bits 31 and up, then the low 31 bits among
-    their ties).  A pick is made only while the best gain is positive (gains never grow, so once none
-    is, none will be again); at most ``min(count, experts with an aggregate)`` steps, as only those
-    can gain."""
-    SUB: tl.constexpr = BLOCK_E if BLOCK_E < 128 else 128
-    H: tl.constexpr = BLOCK_E // SUB
-    ew = tl.arange(0, H)[None, :, None] * SUB + tl.arange(0, SUB)[None, None, :] + tl.zeros([WARPS, 1, 1], tl.int32)
-    ew_ok = ew < num_experts
-    agg_w = tl.broadcast_to(tl.reshape(agg, [1, H, SUB]), [WARPS, H, SUB])
-    chosen_w = tl.zeros([WARPS, H, SUB], tl.int32)
-    discount_w = tl.zeros([WARPS, H, SUB], tl.int32)
-    steps = tl.minimum(tl.sum((e_ok & (agg > 0)).to(tl.int32), axis=0), count)
+    ``gain << 10 | (1023 - e)`` is a key below 2**62 whose maximum is the largest gain at its first
+    index.  A pick is made only while the best gain is positive (gains never grow, so once none is,
+    none will be); at most ``min(count, experts with an aggregate)`` steps, as only those can gain.
+    The rest are the free experts of the lowest indices, by a running count in each warp."""
+    SUB: tl.constexpr = BLOCK_E // 2
+    e_a = tl.arange(0, SUB)[None, :] + tl.zeros([WARPS, 1], tl.int32)
+    e_b = e_a + SUB
+    ok_a = e_a < num_experts
+    ok_b = e_b < num_experts
+    agg_a, agg_b = warp_halves(agg, SUB, WARPS)
+    chosen_a = tl.zeros([WARPS, SUB], tl.int32)
+    chosen_b = tl.zeros([WARPS, SUB], tl.int32)
+    discount_a = tl.zeros([WARPS, SUB], tl.int32)
+    discount_b = tl.zeros([WARPS, SUB], tl.int32)
+    steps = tl.minimum(tl.sum((agg > 0).to(tl.int32), axis=0), count)
     for _ in range(0, steps):
-        gain = agg_w * (REDUNDANCY_ONE - discount_w)  # int64: agg_w is
-        key = tl.where(ew_ok & (chosen_w == 0), (gain << 10) | (1023 - ew), 0)
-        high = (key >> 31).to(tl.int32)
-        best_high = tl.max(tl.max(high, axis=2), axis=1)
-        low = (key & 0x7FFFFFFF).to(tl.int32)
-        best_low = tl.max(tl.max(tl.where(high == best_high[:, None, None], low, -1), axis=2), axis=1)
-        # a positive gain is a key of at least 1024
-        live = (best_high > 0) | ((best_high == 0) & (best_low >= 1024))
-        first = tl.where(live, 1023 - (best_low & 1023), -1)
-        chosen_w = tl.where(ew == first[:, None, None], 1, chosen_w)
-        picked_row = redundancy_ptr + first[:, None, None] * num_experts + ew
-        row = tl.load(picked_row, mask=ew_ok & live[:, None, None], other=0)
-        discount_w = tl.maximum(discount_w, row)
-    # then the rest of the budget in index order (what the greedy's gains of 0 pick): the free experts
-    # whose place among the free ones, counted in each warp's copy, is below what is left
-    chosen_flat = tl.reshape(chosen_w, [WARPS, BLOCK_E])
-    free = (tl.reshape(ew_ok, [WARPS, BLOCK_E]) & (chosen_flat == 0)).to(tl.int32)
-    rest = count - tl.sum(chosen_flat, axis=1)
-    chosen_flat = tl.where((free != 0) & (tl.cumsum(free, axis=1) <= rest[:, None]), 1, chosen_flat)
-    # the copies are equal: one of them
-    return tl.max(chosen_flat, axis=0)
+        gain_a = agg_a * (REDUNDANCY_ONE - discount_a)  # int64: agg is
+        gain_b = agg_b * (REDUNDANCY_ONE - discount_b)
+        best = warp_key_max(
+            tl.where(ok_a & (chosen_a == 0), (gain_a << 10) | (1023 - e_a), 0),
+            tl.where(ok_b & (chosen_b == 0), (gain_b << 10) | (1023 - e_b), 0),
+        )
+        live = best >= 1024  # a positive gain
+        first = tl.where(live, 1023 - (best & 1023), -1).to(tl.int32)
+        chosen_a = tl.where(e_a == first, 1, chosen_a)
+        chosen_b = tl.where(e_b == first, 1, chosen_b)
+        row = redundancy_ptr + first * num_experts
+        discount_a = tl.maximum(discount_a, tl.load(row + e_a, mask=ok_a & live, other=0))
+        discount_b = tl.maximum(discount_b, tl.load(row + e_b, mask=ok_b & live, other=0))
+    # the rest of the budget in index order: the free experts whose place among the free ones is
+    # below what is left
+    free_a = (ok_a & (chosen_a == 0)).to(tl.int32)
+    free_b = (ok_b & (chosen_b == 0)).to(tl.int32)
+    rest = count - tl.sum(chosen_a, axis=1)[:, None] - tl.sum(chosen_b, axis=1)[:, None]
+    place_a = tl.cumsum(free_a, axis=1)
+    place_b = tl.cumsum(free_b, axis=1) + tl.sum(free_a, axis=1)[:, None]
+    chosen_a = tl.where((free_a != 0) & (place_a <= rest), 1, chosen_a)
+    chosen_b = tl.where((free_b != 0) & (place_b <= rest), 1, chosen_b)
+    # the copies are equal: one of them, the halves joined
+    return tl.reshape(tl.permute(tl.join(tl.max(chosen_a, axis=0), tl.max(chosen_b, axis=0)), (1, 0)), [BLOCK_E])
 
 
 @triton.jit
 def coverage_pair_picks(
     tie,
-    e_ok,
     picks,
     cover_agg_ptr,
     cover_pairs_ptr,
@@ -1045,57 +1096,63 @@ def coverage_pair_picks(
     WARPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
 ):
-    """The coverage greedy's picks from the pair sums ([BLOCK_E] int32, 1 per kept expert), then the
-    rest of ``picks`` in the order (agg desc, index asc), with no barrier per pick: as
-    :func:`coact_picks`, every warp holds all the gains (a [WARPS, H, 64] tile of int64 copies) and
-    takes each pick on its own with warp-wide maxima, loading the picked expert's row of pair sums
-    itself.
+    """The coverage greedy's picks from the pair sums, then the rest of ``picks`` in the order (agg
+    desc, index asc) ([BLOCK_E] int32, 1 per kept expert), with no barrier per pick: as
+    :func:`coact_picks`, two [WARPS, SUB] tiles of copies of the gains (int64 rows: up to 64 experts
+    a row, so up to 128 experts), each pick two int32 warp maxima and one load of the picked row of
+    pair sums in each warp.
 
     Before any pick every row is uncovered: a gain is COVER_ONE times the column sum; keeping an
     expert takes its row of C (the pair sums) off every gain.  Each pick is the maximum of
     ``gain << 20 | (1023 - tie) << 10 | e``, with ``tie`` the expert's place in the order (agg desc,
     index asc): gains stay below 2**42 (at most 1024 tokens of 2**32 each), places and ids below
-    1024, so the key is below 2**62 and its maximum is two int32 maxima (bits 31 and up, then the low
-    31 bits among their ties).  A pick is made while the best gain is positive (gains never grow);
-    at most ``min(picks, experts with a positive column sum)`` steps.  The rest are the free experts
-    of the smallest places: the place below which ``rest`` free experts lie, by bisection."""
-    SUB: tl.constexpr = BLOCK_E if BLOCK_E < 64 else 64
-    H: tl.constexpr = BLOCK_E // SUB
-    ew = tl.arange(0, H)[None, :, None] * SUB + tl.arange(0, SUB)[None, None, :] + tl.zeros([WARPS, 1, 1], tl.int32)
-    ew_ok = ew < num_experts
-    gain_w = tl.load(cover_agg_ptr + ew, mask=ew_ok, other=0, cache_modifier=".cg") << COVER_BITS
-    tie_w = tl.broadcast_to(tl.reshape(tie, [1, H, SUB]), [WARPS, H, SUB])
-    low_w = (((1023 - tie_w) << 10) | ew).to(tl.int64)
-    chosen_w = tl.zeros([WARPS, H, SUB], tl.int32)
-    gaining = tl.sum(tl.sum((ew_ok & (gain_w > 0)).to(tl.int32), axis=2), axis=1)
+    1024, so the key is below 2**62.  A pick is made while the best gain is positive (gains never
+    grow); at most ``min(picks, experts with a positive column sum)`` steps.  The rest are the free
+    experts of the smallest places: the smallest bound with ``rest`` free experts below it (places
+    are distinct), by bisection."""
+    SUB: tl.constexpr = BLOCK_E // 2
+    e_a = tl.arange(0, SUB)[None, :] + tl.zeros([WARPS, 1], tl.int32)
+    e_b = e_a + SUB
+    ok_a = e_a < num_experts
+    ok_b = e_b < num_experts
+    gain_a = tl.load(cover_agg_ptr + e_a, mask=ok_a, other=0, cache_modifier=".cg") << COVER_BITS
+    gain_b = tl.load(cover_agg_ptr + e_b, mask=ok_b, other=0, cache_modifier=".cg") << COVER_BITS
+    tie_a, tie_b = warp_halves(tie, SUB, WARPS)
+    low_a = (((1023 - tie_a) << 10) | e_a).to(tl.int64)
+    low_b = (((1023 - tie_b) << 10) | e_b).to(tl.int64)
+    chosen_a = tl.zeros([WARPS, SUB], tl.int32)
+    chosen_b = tl.zeros([WARPS, SUB], tl.int32)
+    gaining = tl.sum((gain_a > 0).to(tl.int32), axis=1) + tl.sum((gain_b > 0).to(tl.int32), axis=1)
     steps = tl.minimum(tl.max(gaining, axis=0), picks)
     for _ in range(0, steps):
-        key = tl.where(ew_ok & (chosen_w == 0), (gain_w << 20) | low_w, 0)
-        high = (key >> 31).to(tl.int32)
-        best_high = tl.max(tl.max(high, axis=2), axis=1)
-        low = (key & 0x7FFFFFFF).to(tl.int32)
-        best_low = tl.max(tl.max(tl.where(high == best_high[:, None, None], low, -1), axis=2), axis=1)
-        # a positive gain is a key of at least 2**20
-        live = (best_high > 0) | ((best_high == 0) & (best_low >= (1 << 20)))
-        first = tl.where(live, best_low & 1023, -1)
-        chosen_w = tl.where(ew == first[:, None, None], 1, chosen_w)
-        picked_row = cover_pairs_ptr + first[:, None, None].to(tl.int64) * num_experts + ew
-        gain_w -= tl.load(picked_row, mask=ew_ok & live[:, None, None], other=0, cache_modifier=".cg")
-    # the places are distinct: the smallest bound with ``rest`` free experts below it (all of them
-    # when fewer are free) marks the rest
-    free = ew_ok & (chosen_w == 0)
-    rest = picks - tl.sum(tl.sum(chosen_w, axis=2), axis=1)
-    lo = tl.zeros([WARPS], tl.int32)
-    hi = tl.zeros([WARPS], tl.int32) + BLOCK_E
+        best = warp_key_max(
+            tl.where(ok_a & (chosen_a == 0), (gain_a << 20) | low_a, 0),
+            tl.where(ok_b & (chosen_b == 0), (gain_b << 20) | low_b, 0),
+        )
+        live = best >= (1 << 20)  # a positive gain
+        first = tl.where(live, best & 1023, -1).to(tl.int32)
+        chosen_a = tl.where(e_a == first, 1, chosen_a)
+        chosen_b = tl.where(e_b == first, 1, chosen_b)
+        row = cover_pairs_ptr + first.to(tl.int64) * num_experts
+        gain_a -= tl.load(row + e_a, mask=ok_a & live, other=0, cache_modifier=".cg")
+        gain_b -= tl.load(row + e_b, mask=ok_b & live, other=0, cache_modifier=".cg")
+    free_a = ok_a & (chosen_a == 0)
+    free_b = ok_b & (chosen_b == 0)
+    rest = picks - tl.sum(chosen_a, axis=1)[:, None] - tl.sum(chosen_b, axis=1)[:, None]
+    lo = tl.zeros([WARPS, 1], tl.int32)
+    hi = tl.zeros([WARPS, 1], tl.int32) + BLOCK_E
     for _ in tl.static_range(0, SEARCH_STEPS):
         mid = (lo + hi) // 2
-        below = tl.sum(tl.sum((free & (tie_w < mid[:, None, None])).to(tl.int32), axis=2), axis=1)
-        enough = below >= rest
+        below = tl.sum((free_a & (tie_a < mid)).to(tl.int32), axis=1) + tl.sum(
+            (free_b & (tie_b < mid)).to(tl.int32), axis=1
+        )
+        enough = below[:, None] >= rest
         hi = tl.where(enough, mid, hi)
         lo = tl.where(enough, lo, mid + 1)
-    chosen_w = tl.where(free & (tie_w < hi[:, None, None]), 1, chosen_w)
-    # the copies are equal: one of them
-    return tl.max(tl.reshape(chosen_w, [WARPS, BLOCK_E]), axis=0)
+    chosen_a = tl.where(free_a & (tie_a < hi), 1, chosen_a)
+    chosen_b = tl.where(free_b & (tie_b < hi), 1, chosen_b)
+    # the copies are equal: one of them, the halves joined
+    return tl.reshape(tl.permute(tl.join(tl.max(chosen_a, axis=0), tl.max(chosen_b, axis=0)), (1, 0)), [BLOCK_E])
 
 
 @triton.jit
@@ -1383,6 +1440,7 @@ def select_kernel(
     PDL_TRIGGER: tl.constexpr,
     ORDER: tl.constexpr,
     WARPS: tl.constexpr,
+    WARP_PICKS: tl.constexpr,
 ):
     if PDL:
         gdc_wait()  # launched as a programmatic dependent: the kernel before has finished, its writes seen
@@ -1596,9 +1654,27 @@ def select_kernel(
                 # the order (agg desc, index asc): gains stay below 2**42 (at most 1024 tokens of
                 # 2**32 each), places and ids below 1024
                 tie = places(agg, e_ok, e, e_ok, e, False)
-                chosen = coverage_pair_picks(
-                    tie, e_ok, picks, cover_agg_ptr, cover_pairs_ptr, num_experts, BLOCK_E, WARPS, SEARCH_STEPS
-                )
+                if WARP_PICKS:
+                    chosen = coverage_pair_picks(
+                        tie, picks, cover_agg_ptr, cover_pairs_ptr, num_experts, BLOCK_E, WARPS, SEARCH_STEPS
+                    )
+                else:
+                    # block-wide picks (the A/B of WARP_PICKS), the same keys
+                    low = ((1023 - tie.to(tl.int64)) << 10) | e
+                    gain = tl.load(cover_agg_ptr + e, mask=e_ok, other=0, cache_modifier=".cg") << COVER_BITS
+                    best = tl.max(tl.where(e_ok, (gain << 20) | low, -1), axis=0)
+                    while (taken < picks) & ((best >> 20) > 0):
+                        first = (best & 1023).to(tl.int32)
+                        gain -= tl.load(
+                            cover_pairs_ptr + first.to(tl.int64) * num_experts + e,
+                            mask=e_ok,
+                            other=0,
+                            cache_modifier=".cg",
+                        )
+                        chosen = tl.where(e == first, 1, chosen)
+                        taken += 1
+                        best = tl.max(tl.where(e_ok & (chosen == 0), (gain << 20) | low, -1), axis=0)
+                    chosen = take_by_order(agg, chosen, e, e_ok, picks - taken)
             elif COVER_LISTS:
                 # the gains are kept up to date: before any pick every row is uncovered and a gain is
                 # COVER_ONE times the column sum; a pick changes only the rows on its list, so only
@@ -1653,8 +1729,21 @@ def select_kernel(
             chosen = tl.zeros([BLOCK_E], tl.int32)
             discount = tl.zeros([BLOCK_E], tl.int64)
             taken = tl.zeros([], tl.int32)
-            if COACT_KEYS:
-                chosen = coact_picks(agg, e_ok, count, redundancy_ptr, num_experts, BLOCK_E, WARPS)
+            if COACT_KEYS and WARP_PICKS:
+                chosen = coact_picks(agg, count, redundancy_ptr, num_experts, BLOCK_E, WARPS)
+            elif COACT_KEYS:
+                # block-wide picks (the A/B of WARP_PICKS): up to 4096 tokens gain << 10 | (1023 - e)
+                # is one int64 key below 2**62 whose maximum is the largest gain at its first index
+                best = tl.max(tl.where(e_ok, ((agg * REDUNDANCY_ONE) << 10) | (1023 - e), -1), axis=0)
+                while (taken < count) & ((best >> 10) > 0):
+                    first = 1023 - (best & 1023)
+                    chosen = tl.where(e == first, 1, chosen)
+                    taken += 1
+                    row = tl.load(redundancy_ptr + first * num_experts + e, mask=e_ok, other=0)
+                    discount = tl.maximum(discount, row.to(tl.int64))
+                    gain = agg * (REDUNDANCY_ONE - discount)
+                    best = tl.max(tl.where(e_ok & (chosen == 0), (gain << 10) | (1023 - e), -1), axis=0)
+                chosen = take_by_order(tl.zeros([BLOCK_E], tl.int64), chosen, e, e_ok, count - taken)
             else:
                 # the largest gain and its first index, one reduction
                 gain = tl.where(e_ok, agg * REDUNDANCY_ONE, -1)

@@ -59,6 +59,14 @@ COVERAGE_SPLIT_ROWS = 5  # the coverage ranking on top-k scores runs as two prog
 MAX_COVERAGE_TOKENS = 1024
 # the co-activation greedy packs gain and index into one int64 key up to this many tokens (gain < 2**52)
 MAX_KEYED_COACT_TOKENS = 4096
+#: The calibrated rankings' greedy picks (co-activation up to MAX_KEYED_COACT_TOKENS, coverage from
+#: pair sums) run in every warp on its own copy of the gains, with warp-wide maxima and no block
+#: barrier per pick, on at most this many experts (the block's: 64, 128, 256) and where a warp's copy
+#: fits (see :func:`warp_picks`); otherwise with block-wide maxima.  On E=256 the eight copies cost
+#: each scheduler twice the instructions of one, which the SASS counts cannot weigh against the
+#: barriers: ``bench_selection.py --block-picks`` sets it to 0 for the GPU's A/B, and the side that
+#: loses goes.
+WARP_PICKS_MAX_EXPERTS = 256
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
@@ -86,6 +94,17 @@ def _next_pow2(n: int) -> int:
 
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
+
+
+def warp_picks(mode: str, block_experts: int) -> bool:
+    """Whether a call's greedy picks run in every warp (``_prune_route.coact_picks``,
+    ``coverage_pair_picks``).  A warp holds its copy of the gains as two halves of one row each, and
+    a row lies in one warp when the picked row's 128-bit loads cover it with the warp's 32 lanes:
+    128 experts a half for the co-activation ranking's int32 redundancy rows, 64 for the coverage
+    ranking's int64 pair sums.  (A tile of more axes would leave to the compiler which of two
+    strideless axes the warps go to: Triton 3.6 and 3.8 choose differently.)"""
+    per_half = 128 if mode == "MODE_COACT" else 64
+    return block_experts <= min(2 * per_half, WARP_PICKS_MAX_EXPERTS)
 
 
 def kernel_warps(
@@ -697,6 +716,7 @@ def _launch_kernels(
         BLOCK_M=align_kw["BLOCK_M"],
         ROW_WARPS=common["num_warps"] == plan.route_rows,
         WARPS=common["num_warps"],
+        WARP_PICKS=warp_picks(policy["mode"], block_e),
         # let this call's next kernel (routing or LYNX picks) launch early and wait on the device
         PDL_TRIGGER=enable_pdl and not plan.single and (route or lynx),
         ORDER=policy["order"],

@@ -138,7 +138,7 @@ if wanted selection; then
     keep "$work/selection/selection.md" "$work/selection/selection.csv"
 fi
 if wanted pdl; then
-    seconds=$(box pdl 10)
+    seconds=$(box pdl 5)
     stage pdl "$seconds" python3 scripts/bench_selection.py --pdl --models qwen3-30b-a3b,deepseek-v3 \
         --tokens 1,32,512 --policies xshare,lynx,moe-spec-static \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
@@ -147,7 +147,7 @@ if wanted pdl; then
 fi
 if wanted picks; then
     # T=512 runs the same pick chain as T=32 (one more tile per program only)
-    seconds=$(box picks 8)
+    seconds=$(box picks 5)
     stage picks "$seconds" python3 scripts/bench_selection.py --block-picks --tokens 1,8,32 \
         --policies moe-spec-coact,moe-spec-coverage \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \

@@ -9,6 +9,7 @@ errors and ``xshare-sglang calibrate --from-trace`` as a user runs it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import json
@@ -336,59 +337,72 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
         type(jit.select_kernel).run = original_run
 
 
+@contextlib.contextmanager
+def _selection_launches(warp_picks: bool, monkeypatch):
+    """Record the keyword arguments of every selection-kernel launch (the routing kernel's are left
+    out), with the calibrated rankings' picks in every warp or, ``warp_picks=False``, block-wide (the
+    other side of the A/B, ``bench_selection.py --block-picks``)."""
+    from xshare_sglang.kernels import _prune_route as jit
+
+    if not warp_picks:
+        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
+    launches = []
+    original_run = type(jit.select_kernel).run
+
+    def recording_run(self, *args, **kwargs):
+        if "COVER_PAIRS" in kwargs:  # every JIT function shares this run: keep the selection's
+            launches.append(kwargs)
+        return original_run(self, *args, **kwargs)
+
+    type(jit.select_kernel).run = recording_run
+    try:
+        yield launches
+    finally:
+        type(jit.select_kernel).run = original_run
+
+
+def _assert_kernel_is_reference(logits, router, cfg: PrunerConfig, fields: dict, label: str) -> None:
+    """Keep mask, routing and metrics row of the kernel equal the reference's (weights within tolerance)."""
+    want_metrics = torch.zeros(4, dtype=torch.int64)
+    want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
+    metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    got = prune_route(routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, metrics_row=metrics)
+    assert got.keep.cpu().tolist() == want.keep.tolist(), label
+    assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
+    torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
+    assert metrics.cpu().tolist() == want_metrics.tolist(), label
+
+
+def _edge_fields(num_tokens: int, case: int) -> dict:
+    """Padding rows, no real row, and vote weights, in turn."""
+    weights = torch.rand(num_tokens, generator=torch.Generator().manual_seed(case)) if case % 4 == 1 else None
+    return dict(num_valid_tokens=[None, max(0, num_tokens - 2), 0][case % 3], token_weights=weights)
+
+
 @pytest.mark.fused_selection
 @pytest.mark.parametrize("warp_picks", [True, False], ids=["warp_picks", "block_picks"])
 @pytest.mark.parametrize("num_experts", [60, 128, 160, 256])
 def test_kernel_coverage_pair_picks_until_no_gain_then_by_aggregate(
     num_experts: int, warp_picks: bool, monkeypatch
 ) -> None:
-    """The coverage greedy from pair sums (each warp taking every pick on its own copy of the gains, or
-    block-wide: both sides of the A/B) equals the reference when the gaining experts run out with budget left, so the rest go by
-    (aggregate desc, index asc): integer logits give tied aggregates; padding, vote weights, budgets
-    from 1 to past E; the calls run the pair-sum path."""
-    from xshare_sglang.kernels import _prune_route as jit
-
-    if not warp_picks:  # the block-wide side of the A/B (bench_selection.py --block-picks)
-        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
-    pair_calls = []
-    original_run = type(jit.select_kernel).run
-
-    def recording_run(self, *args, **kwargs):
-        if "COVER_PAIRS" in kwargs:  # the selection's launch (the routing kernel's run is recorded too)
-            pair_calls.append(kwargs["COVER_PAIRS"])
-            # in every warp up to 128 experts (two halves of 64 int64 pair sums)
-            assert kwargs["WARP_PICKS"] == (warp_picks and kwargs["BLOCK_E"] <= 128)
-        return original_run(self, *args, **kwargs)
-
-    type(jit.select_kernel).run = recording_run
-    try:
+    """The coverage greedy from pair sums, each warp picking on its own copy of the gains or
+    block-wide (both sides of the A/B), equals the reference when the gaining experts run out with
+    budget left, so the rest go by (aggregate desc, index asc): integer logits give tied aggregates;
+    padding, vote weights, budgets from 1 to past E.  The calls run the pair-sum path, in every warp
+    up to 128 experts (two halves of 64 int64 pair sums)."""
+    with _selection_launches(warp_picks, monkeypatch) as launches:
         for case, (num_tokens, budget) in enumerate(
             itertools.product([5, 8, 33], [1, 7, num_experts // 2, num_experts + 3])
         ):
             cfg = PrunerConfig(policy="moe-spec", max_experts=budget, ranking="coverage")
             router = [RouterSpec(2, renormalize=True), RouterSpec(4, "sigmoid", True)][case % 2]
             logits = make_logits(num_tokens, num_experts, ["integers", "repeated_rows", "nonfinite"][case % 3], case)
-            fields = dict(
-                num_valid_tokens=[None, num_tokens - 2, 0][case % 3],
-                token_weights=torch.rand(num_tokens, generator=torch.Generator().manual_seed(case))
-                if case % 4 == 1
-                else None,
-            )
-            want_metrics = torch.zeros(4, dtype=torch.int64)
-            want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
-            metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
-            pair_calls.clear()
-            got = prune_route(
-                routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, metrics_row=metrics
-            )
             label = f"E={num_experts} T={num_tokens} case={case} {cfg.summary()}"
-            assert pair_calls == [True], (label, pair_calls)
-            assert got.keep.cpu().tolist() == want.keep.tolist(), label
-            assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
-            torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
-            assert metrics.cpu().tolist() == want_metrics.tolist(), label
-    finally:
-        type(jit.select_kernel).run = original_run
+            launches.clear()
+            _assert_kernel_is_reference(logits, router, cfg, _edge_fields(num_tokens, case), label)
+            assert [(k["COVER_PAIRS"], k["WARP_PICKS"]) for k in launches] == [
+                (True, warp_picks and launches[0]["BLOCK_E"] <= 128)
+            ], label
 
 
 def _redundant_groups_file(tmp_path, num_experts: int, seed: int):
@@ -419,25 +433,14 @@ def _redundant_groups_file(tmp_path, num_experts: int, seed: int):
 def test_kernel_coactivation_picks_until_no_gain_then_index_order(
     tmp_path, num_experts: int, warp_picks: bool, monkeypatch
 ) -> None:
-    """The kernel's co-activation greedy (each warp taking every pick on its own copy of the gains, or
-    block-wide: both sides of the A/B) equals the reference when whole groups of candidates fall to a gain of zero with budget left (the
-    rest in index order), with ties, non-finite logits, padding, vote weights, budgets from 1 to past
-    E, and top-k and dense scores; the calls run the co-activation mode."""
+    """The kernel's co-activation greedy, each warp picking on its own copy of the gains or
+    block-wide (both sides of the A/B), equals the reference when whole groups of candidates fall to
+    a gain of zero with budget left (the rest in index order), with ties, non-finite logits,
+    padding, vote weights, budgets from 1 to past E, and top-k and dense scores; the calls run the
+    co-activation mode."""
     from xshare_sglang.kernels import _prune_route as jit
 
-    if not warp_picks:  # the block-wide side of the A/B (bench_selection.py --block-picks)
-        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
-    modes = []
-    original_run = type(jit.select_kernel).run
-
-    def recording_run(self, *args, **kwargs):
-        if "WARP_PICKS" in kwargs:
-            assert kwargs["WARP_PICKS"] == warp_picks
-        modes.append(kwargs.get("MODE"))
-        return original_run(self, *args, **kwargs)
-
-    type(jit.select_kernel).run = recording_run
-    try:
+    with _selection_launches(warp_picks, monkeypatch) as launches:
         for case, (num_tokens, budget) in enumerate(
             itertools.product([1, 7, 33], [1, 5, num_experts // 2, num_experts + 3])
         ):
@@ -451,27 +454,10 @@ def test_kernel_coactivation_picks_until_no_gain_then_index_order(
             )
             router = [RouterSpec(8, renormalize=True), RouterSpec(4, "sigmoid", True)][case // 2 % 2]
             logits = make_logits(num_tokens, num_experts, ["integers", "normal", "nonfinite"][case % 3], case)
-            fields = dict(
-                num_valid_tokens=[None, max(0, num_tokens - 2), 0][case % 3],
-                token_weights=torch.rand(num_tokens, generator=torch.Generator().manual_seed(case))
-                if case % 4 == 1
-                else None,
-            )
-            want_metrics = torch.zeros(4, dtype=torch.int64)
-            want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
-            metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
-            modes.clear()
-            got = prune_route(
-                routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, metrics_row=metrics
-            )
             label = f"E={num_experts} T={num_tokens} case={case} {cfg.summary()}"
-            assert jit.MODE_COACT.value in modes, (label, modes)
-            assert got.keep.cpu().tolist() == want.keep.tolist(), label
-            assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
-            torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
-            assert metrics.cpu().tolist() == want_metrics.tolist(), label
-    finally:
-        type(jit.select_kernel).run = original_run
+            launches.clear()
+            _assert_kernel_is_reference(logits, router, cfg, _edge_fields(num_tokens, case), label)
+            assert [(k["MODE"], k["WARP_PICKS"]) for k in launches] == [(jit.MODE_COACT.value, warp_picks)], label
 
 
 @pytest.mark.fused_selection

@@ -761,13 +761,10 @@ def test_calls_leave_the_counters_at_zero(case) -> None:
 @pytest.mark.fused_selection
 @pytest.mark.parametrize("policy", ["none", "oea"])
 def test_activated_experts_counted_by_whichever_program_routes_them(policy) -> None:
-    """Above one tile the routing kernel counts each activated expert once, in whichever program routes
-    to it first: after a selection launch by the call's epoch (the slot whose swap finds another epoch
-    in the expert's mark), for policy none (no selection launch) in the program whose atomic add
-    completes the expert's visits.  One expert is picked only by a row of the last routing program,
-    one only by a row of the first, several by none: the activated count equals the reference's on
-    each of two calls on the same words, the visit words are back at 0, and the marks hold the epoch
-    of the last call that used each expert."""
+    """Above one tile the routing kernel counts an expert as activated in the program whose atomic add
+    completes the expert's visits (the last program here, where programs run in order).  One expert is
+    picked only by a row of the last routing program, one only by a row of the first, several by
+    none: the activated count equals the reference's, and the visit words are back at 0."""
     num_tokens, num_experts, top_k = 40, 64, 2
     plan = plan_launch(num_tokens, num_experts, 1, False)
     assert plan.route_programs >= 3 and (num_tokens - 1) // plan.route_rows == plan.route_programs - 1
@@ -786,46 +783,31 @@ def test_activated_experts_counted_by_whichever_program_routes_them(policy) -> N
         assert torch.equal(got.topk_ids.cpu(), want.topk_ids)
         assert metrics.cpu().tolist() == want_metrics.tolist()
         assert not workspace.visits.cpu().any()
-    marks = workspace.route_marks.cpu()
-    if policy == "none":
-        assert not marks.any()  # the visits count it
-    else:
-        used = torch.zeros(num_experts, dtype=torch.bool)
-        used[want.topk_ids.flatten()] = True
-        assert marks[num_experts] == 2  # one epoch per call
-        assert marks[:num_experts].tolist() == torch.where(used, 2, 0).tolist()
 
 
 @pytest.mark.fused_selection
 def test_activated_experts_counted_per_call_across_interleaved_layers() -> None:
-    """The routing kernel's marks are shared by every layer on a workspace and never cleared: each
-    multi-program call with metrics gets an epoch of its own, so two layers taking turns on one
+    """Every layer on a workspace shares the routing kernel's visit words: two layers taking turns on one
     workspace, calling again with the same and with other logits, each count every expert they route
-    to on every call (a mark left by the other layer, or by the same layer's last call, is another
-    epoch).  One-program calls, select-only calls and calls without metrics leave the epoch alone;
-    ``reset`` zeroes the marks with the counters."""
+    to on every call (the words left by the other layer's call, or by the same layer's last call, are
+    back at 0), and one-program calls, select-only calls and calls without metrics leave them at 0."""
     num_tokens, num_experts, top_k = 40, 64, 4
     workspace = SelectionWorkspace(num_experts, DEVICE)
     layers = [PrunerConfig(policy="xshare", k0=1, budget=24), PrunerConfig(policy="moe-spec", max_experts=20)]
     logits = [make_logits(num_tokens, num_experts, "normal", seed=seed) for seed in (11, 12)]
     rows = [torch.zeros(4, dtype=torch.int64, device=DEVICE) for _ in layers]
     want_rows = [torch.zeros(4, dtype=torch.int64) for _ in layers]
-    epochs = 0
     for step in range(3):
         for layer, cfg in enumerate(layers):
             x = logits[(step + layer) % 2] if step < 2 else logits[layer]
             prune_route_reference(routing_call(x, top_k), cfg, metrics_row=want_rows[layer])
             prune_route(routing_call(x, top_k, device=DEVICE), cfg, workspace=workspace, metrics_row=rows[layer])
-            epochs += 1
             assert rows[layer].cpu().tolist() == want_rows[layer].tolist(), (step, layer)
-            assert int(workspace.route_marks[num_experts]) == epochs
-    # no routing launch with metrics: the epoch stays
+            assert not workspace.visits.cpu().any(), (step, layer)
     prune_route(routing_call(logits[0][:1], top_k, device=DEVICE), layers[0], workspace=workspace, metrics_row=rows[0])
     prune_route(routing_call(logits[0], top_k, device=DEVICE), layers[0], workspace=workspace)
     select_keep_mask(routing_call(logits[0], top_k, device=DEVICE), layers[0], workspace=workspace)
-    assert int(workspace.route_marks[num_experts]) == epochs
-    workspace.reset()
-    assert not workspace.route_marks.cpu().any()
+    assert not workspace.visits.cpu().any()
 
 
 @pytest.mark.fused_selection

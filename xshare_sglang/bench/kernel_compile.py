@@ -27,8 +27,6 @@ PTX_OPS = (
     "griddepcontrol.launch_dependents",
     "ld.global",
     "atom.global.gpu.relaxed.add.u64",
-    "atom.global.gpu.relaxed.exch.b64",
-    "red.global.gpu.relaxed.add.u64",
     "atom.global.gpu.acq_rel",
 )
 GLOBAL_MEMORY_OPS = ("ld.global", "st.global", "atom.global", "red.global")
@@ -85,8 +83,7 @@ def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):
 
 def ptx_counts(compiled) -> dict[str, int]:
     """How often each operation of :data:`PTX_OPS` (divisions, grid dependency control, global loads,
-    relaxed int64 atomic adds, the activated-expert marks' swaps and adds, acquire-release atomics:
-    tickets) occurs in the
+    relaxed int64 atomic adds, acquire-release atomics: tickets) occurs in the
     kernel's PTX, and ``global_before_wait``: the global memory operations written before its first
     ``griddepcontrol.wait`` (all of them when it has none)."""
     ptx = compiled.asm["ptx"]

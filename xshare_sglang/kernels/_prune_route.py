@@ -15,12 +15,9 @@ Three kernels, launched from ``prune_route.py``:
    and its last program finishes the mask and clears the picks, the aggregate and its ticket.
 3. ``route_kernel`` - grid over the tokens (only when P > 1): each program routes its rows inside
    the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, each
-   routed slot swaps the call's epoch into its expert's mark and counts the expert where the mark
-   held another epoch (the selection kernel's last program advanced the epoch): no ticket, no
-   pass over every expert, nothing to clear.  For policy ``none`` (``ALL_KEPT``) it is the only
-   launch: program 0 writes the full mask, and with metrics each program adds a visit (and a mark
-   where it routed a token) to every expert's word, the program that completes an expert's visits
-   counting it if marked and clearing the word.
+   program adds a visit (and a mark where it routed a token) to every expert's word, and the
+   program that completes an expert's visits counts it if marked and clears the word: no ticket.
+   For policy ``none`` (``ALL_KEPT``) it is the only launch: program 0 writes the full mask.
 
 Clean counters: the workspace's tickets, accumulators and marks are 0 between calls.  Before, the
 wrapper zeroed them ahead of every multi-program call, which cost a launch of its own (a kernel in a
@@ -31,17 +28,9 @@ puts every thread's loads before the zeros.  Calls on one workspace run in strea
 workspace per stream), so the next call, launched as a programmatic dependent or not, sees the zeros.
 A call that fails after queueing part of its kernels is reset by the wrapper
 (``SelectionWorkspace.reset``).  The routing kernel's activated-expert count needs no last program:
-after a selection launch, each expert's mark holds the epoch of the last call that routed to it,
-and a slot counts its expert when its swap finds another epoch there (swaps of one word are totally
-ordered, so exactly one slot of the call counts each expert; the epochs only grow, so no mark needs
-clearing).  The swaps are PTX of our own, per element in the thread that holds it: a thread holding
-a copy of a slot swaps the same epoch in again and counts nothing, so nothing is gathered across
-threads (Triton's atomics moved the slots and their old values through shared memory, six block
-barriers; the visits below were a pass over every expert with a cross-warp maximum).  Policy
-``none`` has no selection launch to advance an epoch: there an expert's visit word is cleared by the
-program whose atomic add completes its P visits (adds to one word are totally ordered, so exactly
-one program sees the other P - 1 before its own).  The metrics themselves are added with relaxed
-atomics nobody waits for.  Only the coverage ranking's
+an expert's visit word is cleared by the program whose atomic add completes its P visits (adds to
+one word are totally ordered, so exactly one program sees the other P - 1 before its own).  The
+metrics themselves are added with relaxed atomics nobody waits for.  Only the coverage ranking's
 [E, E] pair sums are still zeroed before the call (``fill_kernel``): its greedy reads just the kept
 experts' rows.
 
@@ -783,9 +772,7 @@ def route_block(
     KEY_SHIFT: tl.constexpr,
     ROW_WARPS: tl.constexpr,
 ):
-    """Route a block of rows inside ``keep`` and store ids/weights.  Returns the experts routed to
-    ([E] int32, 1 where any row of the block took it), and the stored ids ([rows, BLOCK_K] int32, -1
-    for a slot left empty) with their mask (the block's rows and the first top_k slots).
+    """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to.
 
     ``ROW_WARPS``: one warp holds each row of the block (as many warps as rows), where a maximum of
     int32 values is one warp-wide instruction; int64 keys then take each pick as two int32 maxima
@@ -955,7 +942,7 @@ def route_block(
     row64 = rows.to(tl.int64)[:, None]
     tl.store(ids_ptr + row64 * ids_stride + slot[None, :], ids, mask=out_ok)
     tl.store(out_w_ptr + row64 * out_w_stride + slot[None, :], wts, mask=out_ok)
-    return tl.max(tl.where(rows_in_block[:, None], picked, 0), axis=0), ids, out_ok
+    return tl.max(tl.where(rows_in_block[:, None], picked, 0), axis=0)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -963,45 +950,6 @@ def route_block(
 def add_metric(ptr, value):
     """Add ``value`` (an integer) to one int64 metric: a relaxed atomic nobody waits for (see finish_keep)."""
     tl.atomic_add(ptr, tl.zeros([], tl.int64) + value, sem="relaxed")
-
-
-@triton.jit
-def count_first_use(mark_ptrs, epoch, valid, metric_ptrs):
-    """Swap ``epoch`` into each valid slot's mark, then add 1 to its metric where the mark held another
-    epoch: a relaxed ``atom.exch`` per slot, then a relaxed ``red.add`` where one found another
-    epoch, per element in the thread that holds it.  Every swap of a thread is issued before the
-    first comparison waits for its old value, so their round trips overlap.  PTX: not under the
-    interpreter."""
-    old = tl.inline_asm_elementwise(
-        """
-        {
-        .reg .pred valid;
-        setp.ne.s32 valid, $1, 0;
-        mov.b64 $0, $3;
-        @valid atom.global.gpu.relaxed.exch.b64 $0, [$2], $3;
-        }
-        """,
-        "=l,r,l,l",
-        [valid, mark_ptrs, tl.zeros(valid.shape, tl.int64) + epoch],
-        dtype=tl.int64,
-        is_pure=False,
-        pack=1,
-    )
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .pred fresh;
-        setp.ne.s64 fresh, $1, $2;
-        @fresh red.global.gpu.relaxed.add.u64 [$3], 1;
-        selp.s32 $0, 1, 0, fresh;
-        }
-        """,
-        "=r,l,l,l",
-        [old, tl.zeros(valid.shape, tl.int64) + epoch, metric_ptrs],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 @triton.jit
@@ -1375,7 +1323,6 @@ def select_kernel(
     # outputs
     keep_ptr,
     metrics_ptr,
-    marks_ptr,
     stats_ptr,
     # routing (SINGLE and ROUTE only)
     bias_ptr,
@@ -1838,7 +1785,7 @@ def select_kernel(
             used = tl.zeros([BLOCK_E], tl.int32)
             for c in range(0, num_tokens, ROUTE_T):
                 rows = c + tl.arange(0, ROUTE_T)
-                block_used, _, _ = route_block(
+                block_used = route_block(
                     logits_ptr,
                     stride_t,
                     stride_e,
@@ -1916,9 +1863,6 @@ def select_kernel(
                 )
     if not SINGLE:
         if last:
-            if HAS_METRICS and ROUTE:
-                # the next epoch of the routing kernel's activated-expert marks (it follows in the stream)
-                tl.store(marks_ptr + num_experts, tl.load(marks_ptr + num_experts) + 1)
             # Leave what the programs accumulated at 0 for the next call (no counter reset launch):
             # every program added its share before its ticket, so nothing writes these any more, and
             # the barrier puts every thread's loads above before the zeros.  The LYNX aggregate is
@@ -2082,7 +2026,6 @@ def route_kernel(
     scale,
     keep_ptr,
     visits_ptr,
-    marks_ptr,
     ticket_ptr,
     metrics_ptr,
     expert_offset,
@@ -2114,7 +2057,6 @@ def route_kernel(
     BLOCK_M: tl.constexpr,
     ROW_WARPS: tl.constexpr,
     PDL: tl.constexpr,
-    MARKS_PTX: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -2122,8 +2064,6 @@ def route_kernel(
     e = tl.arange(0, BLOCK_E)
     e_ok = e < num_experts
     n_valid = num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR)
-    if HAS_METRICS and not ALL_KEPT:
-        epoch = tl.load(marks_ptr + num_experts)  # this call's epoch of the activated-expert marks
     if ALL_KEPT:
         # policy none: no selection launch; program 0 writes the full mask and the call's metrics
         # (every expert kept, the whole score mass retained, as the selection kernel would)
@@ -2137,7 +2077,7 @@ def route_kernel(
     else:
         keep = (tl.load(keep_ptr + e, mask=e_ok, other=0) != 0) & e_ok
     rows = pid * CHUNK_T + tl.arange(0, CHUNK_T)
-    used, routed_ids, routed_ok = route_block(
+    used = route_block(
         logits_ptr,
         stride_t,
         stride_e,
@@ -2190,35 +2130,11 @@ def route_kernel(
             BLOCK_K,
             ALIGN_B,
         )
-    if HAS_METRICS and not ALL_KEPT:
-        # the activated experts without a ticket or a pass over every expert: the selection kernel
-        # gave this call an epoch of its own (it advances the last word of the marks before this
-        # kernel starts); each routed slot swaps the epoch into its expert's mark, and the one swap
-        # per expert that finds another epoch there is the call's first use of that expert.  Swaps of
-        # one word are totally ordered, so exactly one slot of the call counts each expert it routed
-        # to, whichever program it is in; the marks need no clearing between calls.  (The epoch was
-        # loaded at the start, so its round trip overlaps the routing.)
-        routed = routed_ok & (routed_ids >= 0)
-        mark_ptrs = marks_ptr + tl.where(routed, routed_ids, 0)
-        if MARKS_PTX:
-            # each thread swaps and counts its own slots in registers: a thread holding a copy of
-            # a slot (the [rows, top_k] tile is spread over more threads than it has slots) swaps the
-            # same epoch in again and finds it there, so copies count nothing twice, and nothing is
-            # gathered across threads (Triton's atomics would move the tile and the old values
-            # through shared memory: six block barriers on sm_90)
-            count_first_use(mark_ptrs, epoch, routed.to(tl.int32), metrics_ptr + 0 * routed_ids)
-        else:
-            # the interpreter runs no PTX: the same swaps and adds with Triton's atomics
-            before = tl.atomic_xchg(mark_ptrs, tl.zeros(routed_ids.shape, tl.int64) + epoch, mask=routed, sem="relaxed")
-            first_use = routed & (before != epoch)
-            tl.atomic_add(
-                metrics_ptr + 0 * routed_ids, tl.full(routed_ids.shape, 1, tl.int64), mask=first_use, sem="relaxed"
-            )
-    if HAS_METRICS and ALL_KEPT:
-        # policy none has no selection launch to give it an epoch: each program adds to every
-        # expert's int64 word one visit (low half) and, where it routed a token, one mark (high half).
-        # The program whose add finds P - 1 visits before its own is the last to touch that word in
-        # this call: it counts the expert when any program marked it, and clears the word
+    if HAS_METRICS:
+        # the activated experts without a ticket: each program adds to every expert's int64 word one
+        # visit (low half) and, where it routed a token, one mark (high half).  The program whose add
+        # finds P - 1 visits before its own is the last to touch that word in this call: it counts the
+        # expert when any program marked it, and clears the word for the next call
         visit = tl.where(used != 0, (1 << 32) + 1, 1).to(tl.int64)
         before = tl.atomic_add(visits_ptr + e, visit, mask=e_ok, sem="relaxed")
         marks_before = before >> 32

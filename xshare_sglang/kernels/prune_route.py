@@ -383,10 +383,6 @@ class SelectionWorkspace:
         # ranking=coverage: every row's scores, and for each expert the rows that score it
         self.row_scores = torch.zeros(MAX_COVERAGE_TOKENS, num_experts, dtype=torch.int32, **kw)
         self.cover_rows = torch.zeros(num_experts, MAX_COVERAGE_TOKENS, dtype=torch.int32, **kw)
-        # the routing kernel's activated-expert marks: each expert's last epoch, then the epoch word
-        # the selection kernel advances once per routed multi-program call with metrics.  Not
-        # cleared between calls (an epoch is never seen twice), only by reset()
-        self.route_marks = torch.zeros(num_experts + 1, dtype=torch.int64, **kw)
 
     def reset(self) -> None:
         """Zero the tickets, accumulators and marks (queued on the current stream).
@@ -397,7 +393,6 @@ class SelectionWorkspace:
         workspace (the one rule: a workspace serves one stream).
         """
         self.counters.zero_()
-        self.route_marks.zero_()
 
 
 _workspaces: dict[tuple[torch.device, int, int], SelectionWorkspace] = {}
@@ -641,13 +636,10 @@ def _launch_kernels(
             CHUNK_T=plan.route_rows,
             KEY_SHIFT=route_key_shift,
             ROW_WARPS=route_warps(block_e, plan) == plan.route_rows,
-            # the activated-expert marks in PTX (not under the interpreter, which runs none; read from
-            # the environment itself, as enable_pdl below)
-            MARKS_PTX=os.environ.get("TRITON_INTERPRET") != "1",
             **align_kw,
             **(common | dict(num_warps=route_warps(block_e, plan))),
         )
-        route_inputs = (*rows, *routing, keep, ws.visits, ws.route_marks, ws.tickets[1:], metrics, *aligned)
+        route_inputs = (*rows, *routing, keep, ws.visits, ws.tickets[1:], metrics, *aligned)
     if route_only:
         jit.route_kernel[(plan.route_programs,)](*route_inputs, ALL_KEPT=True, **route_args)
         return
@@ -684,7 +676,6 @@ def _launch_kernels(
         ws.tickets,
         keep,
         metrics,
-        ws.route_marks,
         stats_out if has_stats else ws.mass,
         *routing,
         *aligned,

@@ -335,3 +335,53 @@ def test_carry_triton_kernels_defines_what_triton_36_lacks(tmp_path) -> None:
         env={**os.environ, "PYTHONPATH": str(tmp_path)},  # the copy itself, already changed
     )
     assert again.returncode != 0 and "no single import of is_hip_gfx1250" in again.stderr
+
+
+def _selection_csv(path: Path, rows: list[tuple]) -> Path:
+    """A ``selection.csv`` with the fields ``selection_table.py`` reads (and one it does not)."""
+    header = "model,T,policy,selection_us,none_us,layer_us,checks_ok\n"
+    body = "".join(",".join(map(str, row)) + ",True\n" for row in rows)
+    path.write_text(header + body, encoding="utf-8")
+    return path
+
+
+def test_selection_table_from_a_csv(tmp_path) -> None:
+    """The docs' added-cost table: selection minus none per T (bold at most 2 µs), none's median per T,
+    share and worst 1% excess over layers of at least 70 µs only, another run's figures in brackets and
+    the range of the changes per band of T."""
+    new = _selection_csv(
+        tmp_path / "new.csv",
+        [
+            ("qwen3-30b-a3b", 1, "xshare", 4.5, 2.5, 50.0),  # layer under 70 us: no share
+            ("qwen3-30b-a3b", 1, "oea", 5.0, 2.9, 60.0),
+            ("qwen3-30b-a3b", 32, "xshare", 12.0, 3.0, 100.0),  # share 12%, excess 11.0
+            ("qwen3-30b-a3b", 512, "xshare", 12.0, 3.0, 400.0),  # share 3%, excess 8.0
+            ("deepseek-v3", 8, "oea", 6.0, 5.0, 80.0),  # added 1.0: the goal; share 7.5%, excess 5.2
+        ],
+    )
+    old = _selection_csv(
+        tmp_path / "old.csv",
+        [("qwen3-30b-a3b", 1, "xshare", 5.0, 2.0, 50.0), ("qwen3-30b-a3b", 512, "xshare", 10.0, 3.0, 400.0)],
+    )
+    script = [sys.executable, str(ROOT / "scripts" / "selection_table.py")]
+    out = subprocess.run([*script, str(new)], capture_output=True, text=True, check=True, timeout=60).stdout
+    lines = out.splitlines()
+    assert lines[2] == "| Qwen3-30B-A3B | `none` (absolute, median of the rows) | 2.7 | - | 3.0 | - | - | - | 3.0 | | |"
+    assert lines[3] == "| | xshare | **2.0** | - | 9.0 | - | - | - | 9.0 | 3.0-12.0% | 11.0 us (T=32) |"
+    assert lines[4] == "| | oea | 2.1 | - | - | - | - | - | - |  |  |"
+    assert lines[5] == "| DeepSeek-V3 | `none` (absolute, median of the rows) | - | 5.0 | - | - | - | - | - | | |"
+    assert lines[6] == "| | oea | - | **1.0** | - | - | - | - | - | 7.5-7.5% | 5.2 us (T=8) |"
+    assert len(lines) == 7  # no DeepSeek-V3 xshare line: the file has none, and no GPT-OSS router at all
+    out = subprocess.run(
+        [*script, str(new), "--against", str(old), "--policies", "xshare"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    lines = out.splitlines()
+    assert lines[3] == "| | xshare | **2.0** (3.0) | - | 9.0 | - | - | - | 9.0 (7.0) | 3.0-12.0% | 11.0 us (T=32) |"
+    assert lines[-2:] == [
+        "T in {1, 8}: -1.0 to -1.0 us over 1 rows",
+        "T in {64, 128, 256, 512}: +2.0 to +2.0 us over 1 rows",
+    ]

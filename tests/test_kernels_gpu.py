@@ -114,7 +114,7 @@ def test_graph_replay_of_a_split_coverage_tile(num_tokens, num_experts, dtype, t
     [
         ("moe-spec-coact", 1, 128, torch.bfloat16),  # one program
         ("moe-spec-coact", 8, 256, torch.float16),
-        ("moe-spec-coact", 64, 256, torch.bfloat16),  # the last of several programs
+        ("moe-spec-coact", 64, 128, torch.bfloat16),  # the last of several programs
         ("moe-spec-coverage", 8, 128, torch.bfloat16),  # pair sums
         ("moe-spec-coverage", 64, 256, torch.float16),
     ],

@@ -122,10 +122,10 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   the rest of the budget is taken in the warp too (index order by a running count; the coverage
   order by bisection on the places), since handing the copies back before it laid the sort after
   them out on every warp.  Exact: the same keys, the same picks in the same order.  A half holds
-  128 int32 redundancy entries or 64 int64 pair sums (``prune_route.warp_picks``), so DeepSeek-V3's
-  coverage ranking stays block-wide; on its co-activation ranking each of eight warps issues twice
-  what a scheduler did, so ``prune_route.WARP_PICKS_MAX_EXPERTS`` keeps the block-wide picks for
-  the GPU's A/B (``bench_selection.py --block-picks``).
+  128 int32 redundancy entries or 64 int64 pair sums (``prune_route.warp_picks``).  Up to 128
+  experts only (``prune_route.WARP_PICKS_MAX_EXPERTS``): on an H200 the copies took 2 us off the
+  co-activation ranking on E=128 and added 5 us on DeepSeek-V3's E=256, where each of eight warps
+  issues every pick, twice what a scheduler did with the block-wide maximum; E=256 keeps it.
 * The token alignment SGLang's fused MoE runs after its top-k (``moe_align_block_size``: the slots
   sorted by expert, each expert's run padded to the GEMM's block) is written by the launches that
   route, when the call passes an alignment (issue 33, item 3), instead of by one or two launches of

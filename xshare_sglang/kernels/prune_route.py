@@ -62,11 +62,13 @@ MAX_KEYED_COACT_TOKENS = 4096
 #: The calibrated rankings' greedy picks (co-activation up to MAX_KEYED_COACT_TOKENS, coverage from
 #: pair sums) run in every warp on its own copy of the gains, with warp-wide maxima and no block
 #: barrier per pick, on at most this many experts (the block's: 64, 128, 256) and where a warp's copy
-#: fits (see :func:`warp_picks`); otherwise with block-wide maxima.  On E=256 the eight copies cost
-#: each scheduler twice the instructions of one, which the SASS counts cannot weigh against the
-#: barriers: ``bench_selection.py --block-picks`` sets it to 0 for the GPU's A/B, and the side that
-#: loses goes.
-WARP_PICKS_MAX_EXPERTS = 256
+#: fits (see :func:`warp_picks`); otherwise with block-wide maxima.  Measured on an H200 at
+#: ``040baec`` in one call (docs/gpu/h200-2026-11-28-040baec): the co-activation ranking at T=1 took
+#: 15.2 us per call in every warp and 17.2 block-wide on Qwen3-30B-A3B's E=128 (GPT-OSS-120B 14.9 and
+#: 16.8), but 38.8 and 33.8 on DeepSeek-V3's E=256, where each of eight warps issues every pick (45.6
+#: and 40.6 at T=8).  ``bench_selection.py --block-picks`` sets it to 0, the block-wide side of that
+#: A/B.
+WARP_PICKS_MAX_EXPERTS = 128
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)

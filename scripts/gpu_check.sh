@@ -146,10 +146,11 @@ if wanted pdl; then
     [ -f "$work/pdl/selection.md" ] && cat "$work/pdl/selection.md" >>"$log"
 fi
 if wanted picks; then
-    # T=512 runs the same pick chain as T=32 (one more tile per program only)
+    # T=512 runs the same pick chain as T=32 (one more tile per program only); the E=128 routers only:
+    # above 128 experts both sides are block-wide (prune_route.WARP_PICKS_MAX_EXPERTS)
     seconds=$(box picks 5)
     stage picks "$seconds" python3 scripts/bench_selection.py --block-picks --tokens 1,8,32 \
-        --policies moe-spec-coact,moe-spec-coverage \
+        --models qwen3-30b-a3b,gpt-oss-120b --policies moe-spec-coact,moe-spec-coverage \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/picks" "${sgl_args[@]}"
     [ -f "$work/picks/selection.md" ] && cat "$work/picks/selection.md" >>"$log"

@@ -21,8 +21,11 @@ serve-cpu: $(STAMP)
 	$(BIN)/python -m xshare_sglang.testing.cpu_server --port 30000 --enable-metrics \
 		--moe-pruner xshare --moe-pruner-k0 1 --moe-pruner-budget 4 --moe-pruner-log-interval 10
 
+# One pytest worker per core (at most 4); the tests that start CPU servers (tests/test_live_*.py) run
+# in one worker (tests/conftest.py), so no two servers share the cores.  TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= auto
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --durations 25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

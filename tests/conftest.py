@@ -35,7 +35,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
 
 
+#: Markers of the tests that start a real CPU server, and the modules they must live in.  Under ``make
+#: test`` (pytest-xdist) every test of those modules runs in one worker, one server at a time: an idle
+#: SGLang scheduler on CPU keeps a core busy, and two servers on a 2-core machine would slow each other
+#: and everything else.  (xdist's own ``--dist loadgroup`` cannot group them: under pytest 9 the group
+#: it appends to a test's id is lost, so the scheduler below groups by module instead.)
+CPU_SERVER_MARKERS = ("live_server", "soak")
+CPU_SERVER_MODULE_PREFIX = "test_live_"
+CPU_SERVER_SCOPE = "cpu-server"
+
+# Each xdist worker gets its share of the cores for torch's own threads, so two workers on a 2-core
+# machine do not run four busy threads.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Every test of a ``test_live_*`` module in one work unit, every other test in a unit of its own.
+
+    The largest unit is handed out first (xdist's default ordering), so the CPU servers start at once
+    and the other workers share the rest.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CpuServerScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return CPU_SERVER_SCOPE if module.startswith(CPU_SERVER_MODULE_PREFIX) else nodeid
+
+    return CpuServerScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = next((m for m in CPU_SERVER_MARKERS if m in item.keywords), None)
+        if marker is not None and not item.path.name.startswith(CPU_SERVER_MODULE_PREFIX):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked {marker} (it starts a CPU server): move it to a "
+                f"tests/{CPU_SERVER_MODULE_PREFIX}*.py module, whose tests run one server at a time"
+            )
     reasons = {}
     if not torch.cuda.is_available():
         reasons["gpu"] = "needs a CUDA device (torch.cuda.is_available() is False)"

@@ -162,6 +162,13 @@ STATIC = ["--moe-pruner", "moe-spec", "--moe-pruner-max-experts", "4", "--moe-pr
         (["--moe-pruner", "xshare", "--moe-pruner-depth-decay", "x"], ["--moe-pruner-depth-decay", "'x'"]),
         (["--moe-pruner-config", "{bad_config}"], ["--moe-pruner-config", "bad.json", "not valid JSON"]),
         (["--moe-pruner", "xshare", "--enable-torch-compile"], ["--moe-pruner", "--enable-torch-compile"]),
+        (["--moe-pruner", "xshare", "--moe-pruner-k0", "-1"], ["--moe-pruner-k0", "must be >= 0, got -1"]),
+        (["--moe-pruner", "moe-spec"], ["--moe-pruner-max-experts", "'moe-spec' needs max_experts"]),
+        pytest.param(
+            ["--moe-pruner", "xshare", "--tp-size", "2", "--attn-dp-size", "2"],
+            ["--moe-pruner", "attention data parallelism", "--attn-dp-size", "--moe-a2a-backend deepep"],
+            marks=pytest.mark.sglang_modes,
+        ),
     ],
     ids=[
         "k0-above-top-k",
@@ -173,6 +180,9 @@ STATIC = ["--moe-pruner", "moe-spec", "--moe-pruner-max-experts", "4", "--moe-pr
         "depth-decay-not-a-number",
         "config-file-not-json",
         "unsupported-mode",
+        "negative-k0",
+        "moe-spec-without-budget",
+        "attention-dp",
     ],
 )
 def test_launcher_refuses_a_bad_setting_in_one_line(server_files, flags, needles, tmp_path) -> None:

@@ -102,8 +102,13 @@ class Plan:
         return text[: self.rng.choice(PROMPT_CHARS)]
 
     def jobs(self, count: int) -> list[tuple[str, dict]]:
+        """``count`` requests: one of each kind first, in a shuffled order (so a slow machine that
+        gets through few requests in the minute still sends every kind), then the weighted mix."""
+        first = list(MIX)
+        self.rng.shuffle(first)
         kinds = [kind for kind, weight in MIX.items() for _ in range(weight)]
-        return [(kind, self.body(kind)) for kind in (self.rng.choice(kinds) for _ in range(count))]
+        drawn = first[:count] + [self.rng.choice(kinds) for _ in range(count - len(first))]
+        return [(kind, self.body(kind)) for kind in drawn]
 
     def body(self, kind: str) -> dict:
         rng = self.rng

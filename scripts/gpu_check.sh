@@ -13,6 +13,9 @@
 #   2c. picks     scripts/bench_selection.py --block-picks for the two calibrated rankings: their greedy
 #                 picks block-wide, the other side of the A/B whose first side (the picks in every warp)
 #                 the selection stage times (its table goes to gpu_check.log)
+#   2d. warps     scripts/bench_selection.py --tile-warps at T=8 on the E=128 routers: a one-program call
+#                 of 5-8 rows on a tile's four warps, the other side of the A/B whose first side (one
+#                 warp per row) the selection stage times at T=8 (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -38,7 +41,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,pdl,picks,moe_layer,kernel_routing,guard
+only=tests,selection,pdl,picks,warps,moe_layer,kernel_routing,guard
 budget=520
 boxes=
 workers=14
@@ -49,7 +52,7 @@ while [ $# -gt 0 ]; do
         --budget) budget=$2; shift 2 ;;
         --boxes) boxes=$2; shift 2 ;;
         --workers) workers=$2; shift 2 ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument $1 (allowed: --sha SHA, --only STAGES, --budget SECONDS, --boxes STAGE=PERCENT,..., --workers N)" >&2; exit 2 ;;
     esac
 done
@@ -70,7 +73,7 @@ sgl_args=()
 
 say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }
-stages=" tests selection pdl picks moe_layer kernel_routing guard "
+stages=" tests selection pdl picks warps moe_layer kernel_routing guard "
 for entry in ${boxes//,/ }; do
     name=${entry%%=*} percent=${entry#*=}
     if [[ "$stages" != *" $name "* || ! "$percent" =~ ^[0-9]+$ || "$percent" -gt 100 ]]; then
@@ -154,6 +157,16 @@ if wanted picks; then
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/picks" "${sgl_args[@]}"
     [ -f "$work/picks/selection.md" ] && cat "$work/picks/selection.md" >>"$log"
+fi
+if wanted warps; then
+    # T=8 is the benchmark's one T where it matters (5-8 rows read one 8-row tile); above 128 experts a
+    # tile has eight warps already
+    seconds=$(box warps 5)
+    stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 8 \
+        --models qwen3-30b-a3b,gpt-oss-120b \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/warps" "${sgl_args[@]}"
+    [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
     seconds=$(box moe_layer 20)

@@ -3,8 +3,9 @@
 For each router, policy and T, one ``prune_route`` call is captured (not launched) and each of its
 kernels compiled for sm_90 as the launch would compile it (:mod:`xshare_sglang.bench.kernel_compile`).
 Per kernel the table gives the grid and static SASS counts (every instruction once: instructions,
-SHFL, BAR, CALL, backward branches = loops, global loads, registers), and the trip counts of the serial
-loops one program runs, from the launch arguments:
+SHFL, BAR, CALL, backward branches = loops, global loads, registers), the trip counts of the serial
+loops one program runs, from the launch arguments, and the program's warps (each runs the counted
+code):
 
 * ``tiles``: row tiles one program of the selection reads (phase A), times ``ranks``, the top-k rounds
   ``row_ranks`` runs per tile;
@@ -180,6 +181,12 @@ def main() -> int:
         "other side of their A/B",
     )
     parser.add_argument(
+        "--tile-warps",
+        action="store_true",
+        help="compile a one-program call of 5 to 8 rows on at most 128 experts on a tile's four warps "
+        "(ONE_PROGRAM_ROW_WARPS = False) instead of one warp per row, the other side of its A/B",
+    )
+    parser.add_argument(
         "--no-metrics",
         action="store_true",
         help="compile the calls without the serving plugin's metrics row (the A/B of the metrics' code)",
@@ -188,12 +195,15 @@ def main() -> int:
     jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
     if args.block_picks:
         importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
+    if args.tile_warps:
+        importlib.import_module("xshare_sglang.kernels.prune_route").ONE_PROGRAM_ROW_WARPS = False
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",
         "| router | T | policy | kernel | grid | SASS | SHFL | BAR | CALL | loops | regs | spill | tiles x ranks "
-        "| parts | rule | route |" + (" loop bodies |" if args.loops else ""),
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|" + ("---|" if args.loops else ""),
+        "| parts | rule | route | warps |" + (" loop bodies |" if args.loops else ""),
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|"
+        + ("---|" if args.loops else ""),
     ]
     rankings = tempfile.TemporaryDirectory(prefix="xshare-sass-rankings-")
     for model in args.models.split(","):
@@ -228,7 +238,7 @@ def main() -> int:
                         f"{stats.instructions} | {stats.shuffles} | {stats.barriers} | {stats.calls} | "
                         f"{stats.backward_branches} | {stats.registers} | {stats.local_memory} | "
                         f"{trips['tiles']} x {trips['ranks']} | "
-                        f"{trips['parts']} | {trips['rule']} | {trips['route']} |"
+                        f"{trips['parts']} | {trips['rule']} | {trips['route']} | {kwargs['num_warps']} |"
                         + (f" {loops} |" if args.loops else "")
                     )
                     print(lines[-1], flush=True)

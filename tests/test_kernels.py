@@ -22,7 +22,14 @@ import triton.language as tl
 
 from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig, select_experts_mask
-from xshare_sglang.kernels import SelectionWorkspace, plan_for, plan_launch, prune_route, select_keep_mask
+from xshare_sglang.kernels import (
+    SelectionWorkspace,
+    plan_for,
+    plan_launch,
+    prune_route,
+    select_keep_mask,
+    token_alignment,
+)
 from xshare_sglang.kernels import _prune_route as jit
 from xshare_sglang.kernels.prune_route import COVERAGE_SPLIT_ROWS, MAX_TILE_ROWS, TILE_ELEMENTS
 from xshare_sglang.policies.api import select
@@ -598,6 +605,56 @@ def test_one_layer_call_launches_the_planned_kernels(policy, monkeypatch) -> Non
         plan = plan_launch(num_tokens, 128, tokens_per_request, policy == "xshare-spec")
         want = 1 if plan.single else {"none": 1, "lynx": 3}.get(policy, 2)
         assert len(launches) == want, (num_tokens, launches)
+
+
+def _launch_warps(num_tokens, num_experts, cfg, **kwargs) -> dict[str, int]:
+    """``{kernel: num_warps}`` of one call's launches, captured without launching."""
+    from xshare_sglang.bench.kernel_compile import capture_launches
+
+    router, bias = _router("biased", 8, num_experts, seed=num_tokens)
+    logits = make_logits(num_tokens, num_experts, "normal", seed=num_tokens).to(torch.bfloat16)
+    call = routing_call(logits, router, as_tensor=True, correction_bias=bias, num_valid_tokens=num_tokens)
+    launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64), **kwargs)
+    return {name: launch_kwargs["num_warps"] for name, (_, _, launch_kwargs) in launches.items()}
+
+
+@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
+def test_one_program_of_more_rows_than_four_warps_takes_a_warp_per_row(row_warps, monkeypatch) -> None:
+    """``ONE_PROGRAM_ROW_WARPS``: a one-program call whose tile is taller than four rows, on at most 128
+    experts, runs on one warp per row (eight); with it off (``bench_selection.py --tile-warps``) on a
+    tile's four.  One row, several programs, E=256 and the aligned path are not concerned."""
+    monkeypatch.setattr(
+        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
+    )
+    xshare = PrunerConfig(policy="xshare", k0=1, budget=16)
+    tall = 8 if row_warps else 4
+    assert _launch_warps(8, 128, xshare) == {"select_kernel": tall}
+    assert _launch_warps(5, 64, PrunerConfig(policy="oea", k0=1)) == {"select_kernel": tall}
+    assert _launch_warps(7, 60, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": tall}
+    assert _launch_warps(1, 128, PrunerConfig(policy="oea", k0=1)) == {"select_kernel": 4}
+    assert _launch_warps(4, 128, PrunerConfig(policy="oea", k0=1)) == {"select_kernel": 4}
+    assert _launch_warps(8, 256, xshare) == {"select_kernel": 8}
+    assert _launch_warps(32, 128, xshare) == {"select_kernel": 4, "route_kernel": 8}
+    aligned = token_alignment(8, 8, 128, 16)
+    assert _launch_warps(8, 128, xshare, alignment=aligned) == {"select_kernel": 4}
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
+@pytest.mark.parametrize("routing", ["biased", "softmax"])
+@pytest.mark.parametrize("policy", ["oea", "xshare", "xshare-threshold", "xshare-ep", "moe-spec", "lynx"])
+def test_one_program_of_seven_rows_matches_the_reference_on_either_warps(policy, routing, row_warps, monkeypatch):
+    """Both sides of the ``ONE_PROGRAM_ROW_WARPS`` A/B (the routing's warp-wide picks of float32 keys
+    and of biased rows are separate code): keep, ids, weights and metrics equal the reference's."""
+    monkeypatch.setattr(
+        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
+    )
+    seed = 70 + len(policy)
+    case = _random_case(policy, 7, 128, seed)
+    router, bias = _router(routing, 8, 128, seed)
+    logits = make_logits(7, 128, "normal", seed)
+    assert plan_for(case["cfg"], 7, 128, 1).single
+    _compare_routing(logits, case["cfg"], router, bias=bias, num_valid_tokens=7, expert_to_rank=case["expert_to_rank"])
 
 
 def test_launch_plan_gives_each_request_its_program_up_to_128() -> None:

@@ -130,6 +130,31 @@ def test_graph_replay_of_the_calibrated_picks(
     _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype)
 
 
+@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
+@pytest.mark.parametrize(
+    ("policy", "num_tokens", "num_experts", "dtype"),
+    [
+        ("xshare", 8, 128, torch.bfloat16),
+        ("oea", 5, 128, torch.float32),
+        ("xshare-threshold", 8, 64, torch.float16),
+        ("xshare-ep", 8, 128, torch.bfloat16),
+        ("moe-spec", 7, 128, torch.bfloat16),
+        ("moe-spec-coact", 8, 128, torch.bfloat16),
+        ("lynx", 8, 128, torch.float32),
+    ],
+)
+def test_graph_replay_of_one_program_on_a_warp_per_row(
+    policy, num_tokens, num_experts, dtype, row_warps, tmp_path, monkeypatch
+) -> None:
+    """A one-program call of 5 to 8 rows on at most 128 experts runs on one warp per row (eight), or on
+    a tile's four with ``ONE_PROGRAM_ROW_WARPS`` off (``bench_selection.py --tile-warps``, the other
+    side of that A/B): graph replays match the reference either way."""
+    monkeypatch.setattr(
+        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
+    )
+    _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype)
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
     reason="programmatic dependent launch needs compute capability 9.0+",

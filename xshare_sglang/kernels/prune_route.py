@@ -69,6 +69,13 @@ MAX_KEYED_COACT_TOKENS = 4096
 #: and 40.6 at T=8).  ``bench_selection.py --block-picks`` sets it to 0, the block-wide side of that
 #: A/B.
 WARP_PICKS_MAX_EXPERTS = 128
+#: A one-program call whose tile has more rows than a tile's four warps (T = 5 to 8) on at most 128
+#: experts takes one warp per row: eight.  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``), the
+#: selection at T=8 on E=128 issues 30-43% fewer instructions per warp for every rule that has one
+#: (xshare 3285 -> 1876, with no spill instead of 12 bytes; ``oea`` 2379 -> 1427; moe-spec 2754 ->
+#: 1645) with as many barriers, and its routing takes each pick with one ``REDUX``.  Not yet timed on a
+#: GPU: ``bench_selection.py --tile-warps`` sets it False, the other side of that A/B.
+ONE_PROGRAM_ROW_WARPS = True
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
@@ -123,15 +130,21 @@ def kernel_warps(
     experts; a one-program call then takes one warp per row too, while that is no more warps than a
     tile's.  Its row reductions are then warp-wide (``REDUX``) instead of block-wide: xshare at T=1,
     E=128 compiles to 1 barrier instead of 27, for about 330 more instructions per lane (Triton 3.6;
-    at E=256 it would be 1900 more, so DeepSeek-V3 keeps its eight warps).  Not when the call also
-    aligns its slots: one warp then spilled about 2 KB of local memory per thread for the slot
-    comparisons, four at E=256 416 bytes (Triton 3.6, sm_90).
+    at E=256 it would be 1900 more, so DeepSeek-V3 keeps its eight warps).  Any rule on at most 128
+    experts takes one warp per row, eight, when the one program's tile is taller than four rows
+    (:data:`ONE_PROGRAM_ROW_WARPS`): the set rule's work then spreads over twice the warps too.  Not
+    when the call also aligns its slots: one warp then spilled about 2 KB of local memory per thread
+    for the slot comparisons, four at E=256 416 bytes (Triton 3.6, sm_90).
     """
     if plan.single and not align:
+        row_warps = route_warps(block_experts, plan)
         if policy == "none":
-            return route_warps(block_experts, plan)
-        if light_rule and block_experts <= 128 and route_warps(block_experts, plan) <= tile_warps(block_experts):
-            return route_warps(block_experts, plan)
+            return row_warps
+        if block_experts <= 128:
+            if light_rule and row_warps <= tile_warps(block_experts):
+                return row_warps
+            if ONE_PROGRAM_ROW_WARPS and row_warps > tile_warps(block_experts):
+                return row_warps
     return tile_warps(block_experts)
 
 

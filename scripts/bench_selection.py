@@ -443,8 +443,8 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"calls over {meta['rotate']} rotated inputs. sel = prune_route {meta['metrics']}; "
         f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
         "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
-        f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call of 5-8 rows on <= 128 "
-        f"experts: {meta['one_program_warps']}.",
+        f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call on <= 128 experts (5-8 "
+        f"rows; oea and static moe-spec up to 4): {meta['one_program_warps']}.",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
         "checks |" + (" pdl sel us | pdl none us | pdl sel us behind a reset launch |" if pdl else ""),
@@ -495,8 +495,9 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="run a one-program call of 5 to 8 rows on at most 128 experts on a tile's four warps instead "
-        "of one warp per row (kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): the other side of its A/B",
+        help="run one-program calls on at most 128 experts (5 to 8 rows; oea and static moe-spec up to 4) on a "
+        "tile's four warps instead of one warp per row (kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): "
+        "the other side of its A/B",
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
@@ -570,7 +571,7 @@ def main() -> int:
         "errors": [],
         "metrics": "WITHOUT metrics (--no-metrics)" if args.no_metrics else "with the serving plugin's metrics row",
         "picks": "block-wide (--block-picks)" if args.block_picks else "calibrated rankings' picks in every warp",
-        "one_program_warps": "a tile's four (--tile-warps)" if args.tile_warps else "one per row up to 8 rows",
+        "one_program_warps": "a tile's four (--tile-warps)" if args.tile_warps else "one per row",
     }
     args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
     bench_args = args

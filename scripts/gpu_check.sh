@@ -13,9 +13,10 @@
 #   2c. picks     scripts/bench_selection.py --block-picks for the two calibrated rankings: their greedy
 #                 picks block-wide, the other side of the A/B whose first side (the picks in every warp)
 #                 the selection stage times (its table goes to gpu_check.log)
-#   2d. warps     scripts/bench_selection.py --tile-warps at T=8 on the E=128 routers: a one-program call
-#                 of 5-8 rows on a tile's four warps, the other side of the A/B whose first side (one
-#                 warp per row) the selection stage times at T=8 (its table goes to gpu_check.log)
+#   2d. warps     scripts/bench_selection.py --tile-warps at T=1 and 8 on the E=128 routers: one-program
+#                 calls on a tile's four warps (oea and static moe-spec at T=1, every rule at T=8), the
+#                 other side of the A/B whose first side (one warp per row) the selection stage times
+#                 (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -52,7 +53,7 @@ while [ $# -gt 0 ]; do
         --budget) budget=$2; shift 2 ;;
         --boxes) boxes=$2; shift 2 ;;
         --workers) workers=$2; shift 2 ;;
-        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument $1 (allowed: --sha SHA, --only STAGES, --budget SECONDS, --boxes STAGE=PERCENT,..., --workers N)" >&2; exit 2 ;;
     esac
 done
@@ -159,11 +160,13 @@ if wanted picks; then
     [ -f "$work/picks/selection.md" ] && cat "$work/picks/selection.md" >>"$log"
 fi
 if wanted warps; then
-    # T=8 is the benchmark's one T where it matters (5-8 rows read one 8-row tile); above 128 experts a
-    # tile has eight warps already
-    seconds=$(box warps 5)
-    stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 8 \
+    # the T where it matters: 1 for the light rules (oea, static moe-spec), 8 for every rule (5-8 rows
+    # read one 8-row tile); above 128 experts a tile has eight warps already. The per-request rules
+    # and the coverage ranking are not concerned (a program per request; two programs from 5 rows)
+    seconds=$(box warps 8)
+    stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 1,8 \
         --models qwen3-30b-a3b,gpt-oss-120b \
+        --policies oea,moe-spec-static,xshare,xshare-threshold,xshare-ep,moe-spec,moe-spec-coact,lynx \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/warps" "${sgl_args[@]}"
     [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"

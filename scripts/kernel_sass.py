@@ -60,10 +60,12 @@ ROUTERS = {
 
 
 def policies(num_experts: int, ranking_dir: Path) -> dict[str, tuple[PrunerConfig, int]]:
-    """bench_selection.py's settings (budgets scale with E/128): name -> (config, D).  The co-activation
-    ranking reads bench_selection.py's synthetic calibration file, written into ``ranking_dir``."""
+    """bench_selection.py's settings (budgets scale with E/128): name -> (config, D).  The static and
+    co-activation rankings read bench_selection.py's synthetic calibration files, written into
+    ``ranking_dir``."""
     scale = num_experts // 128
-    coactivation = bench_selection.policy_configs(num_experts, 8, ranking_dir)["moe-spec-coact"][0]
+    calibrated = bench_selection.policy_configs(num_experts, 8, ranking_dir)
+    coactivation, static = calibrated["moe-spec-coact"][0], calibrated["moe-spec-static"][0]
     return {
         "none": (PrunerConfig(), 1),
         "oea": (PrunerConfig(policy="oea", k0=1), 1),
@@ -71,6 +73,7 @@ def policies(num_experts: int, ranking_dir: Path) -> dict[str, tuple[PrunerConfi
         "xshare-threshold": (PrunerConfig(policy="xshare-threshold", k0=1, tau=0.9), 1),
         "xshare-ep": (PrunerConfig(policy="xshare-ep", k0=1, rank_budget=4 * scale), 1),
         "moe-spec": (PrunerConfig(policy="moe-spec", max_experts=32 * scale), 1),
+        "moe-spec-static": (static, 1),
         "moe-spec-coverage": (PrunerConfig(policy="moe-spec", max_experts=32 * scale, ranking="coverage"), 1),
         "moe-spec-coact": (coactivation, 1),
         "lynx": (PrunerConfig(policy="lynx", alpha=2.0, beta=4), 1),
@@ -183,8 +186,9 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="compile a one-program call of 5 to 8 rows on at most 128 experts on a tile's four warps "
-        "(ONE_PROGRAM_ROW_WARPS = False) instead of one warp per row, the other side of its A/B",
+        help="compile one-program calls on at most 128 experts (5 to 8 rows; oea and static moe-spec up to "
+        "4) on a tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one warp per row, the other "
+        "side of its A/B",
     )
     parser.add_argument(
         "--no-metrics",

@@ -85,8 +85,8 @@ def test_bench_selection_without_the_metrics_row(tmp_path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
 def test_bench_selection_with_block_picks(tmp_path) -> None:
     """--block-picks (gpu_check's picks stage) runs the calibrated rankings' greedy picks block-wide, and
-    --tile-warps (its warps stage) a one-program call of 5 to 8 rows on a tile's four warps: every call
-    still equals the reference, and the report says which sides it timed."""
+    --tile-warps (its warps stage) one-program calls on a tile's four warps instead of a warp per row:
+    every call still equals the reference, and the report says which sides it timed."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--block-picks", "--tile-warps"]
     command += ["--models", "tiny", "--policies", "moe-spec-coact,moe-spec-coverage", "--out-dir", str(tmp_path)]
@@ -100,7 +100,7 @@ def test_bench_selection_with_block_picks(tmp_path) -> None:
     assert report["meta"]["picks"] == "block-wide (--block-picks)"
     assert report["meta"]["one_program_warps"] == "a tile's four (--tile-warps)"
     assert (
-        "warps of a one-program call of 5-8 rows on <= 128 experts: a tile's four"
+        "warps of a one-program call on <= 128 experts (5-8 rows; oea and static moe-spec up to 4): a tile's four"
         in (tmp_path / "selection.md").read_text()
     )
 

@@ -613,30 +613,51 @@ def _launch_warps(num_tokens, num_experts, cfg, **kwargs) -> dict[str, int]:
 
     router, bias = _router("biased", 8, num_experts, seed=num_tokens)
     logits = make_logits(num_tokens, num_experts, "normal", seed=num_tokens).to(torch.bfloat16)
-    call = routing_call(logits, router, as_tensor=True, correction_bias=bias, num_valid_tokens=num_tokens)
+    call = routing_call(logits, router, as_tensor=True, correction_bias=bias, num_valid_tokens=num_tokens, layer_id=1)
     launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64), **kwargs)
     return {name: launch_kwargs["num_warps"] for name, (_, _, launch_kwargs) in launches.items()}
 
 
+def _static_ranking(tmp_path, num_experts: int, max_experts: int = 20) -> PrunerConfig:
+    """Static moe-spec on a calibration file of three layers."""
+    import json
+
+    counts = [[float((e * 37 + layer * 11) % 17) for e in range(num_experts)] for layer in range(3)]
+    path = tmp_path / f"ranking-{num_experts}.json"
+    path.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}))
+    return PrunerConfig(policy="moe-spec", max_experts=max_experts, ranking="static", static_ranking_path=str(path))
+
+
 @pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
-def test_one_program_of_more_rows_than_four_warps_takes_a_warp_per_row(row_warps, monkeypatch) -> None:
-    """``ONE_PROGRAM_ROW_WARPS``: a one-program call whose tile is taller than four rows, on at most 128
-    experts, runs on one warp per row (eight); with it off (``bench_selection.py --tile-warps``) on a
-    tile's four.  One row, several programs, E=256 and the aligned path are not concerned."""
+def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path, monkeypatch) -> None:
+    """``ONE_PROGRAM_ROW_WARPS``: on at most 128 experts, a one-program call whose tile is taller than
+    four rows runs on one warp per row (eight), and so do ``oea`` and static moe-spec up to four rows
+    (light rules, as xshare whose budget takes every candidate always was); with it off
+    (``bench_selection.py --tile-warps``) they run on a tile's four.  A rule with an order or a cap,
+    several programs, E=256 and the aligned path are not concerned."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
     )
-    xshare = PrunerConfig(policy="xshare", k0=1, budget=16)
+    xshare, oea = PrunerConfig(policy="xshare", k0=1, budget=16), PrunerConfig(policy="oea", k0=1)
+    static = _static_ranking(tmp_path, 128)
     tall = 8 if row_warps else 4
     assert _launch_warps(8, 128, xshare) == {"select_kernel": tall}
-    assert _launch_warps(5, 64, PrunerConfig(policy="oea", k0=1)) == {"select_kernel": tall}
+    assert _launch_warps(5, 64, oea) == {"select_kernel": tall}
     assert _launch_warps(7, 60, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": tall}
-    assert _launch_warps(1, 128, PrunerConfig(policy="oea", k0=1)) == {"select_kernel": 4}
-    assert _launch_warps(4, 128, PrunerConfig(policy="oea", k0=1)) == {"select_kernel": 4}
+    # light rules up to four rows: oea and static moe-spec only with the flag, xshare always
+    assert _launch_warps(1, 128, oea) == {"select_kernel": 1 if row_warps else 4}
+    assert _launch_warps(2, 128, static) == {"select_kernel": 2 if row_warps else 4}
+    assert _launch_warps(3, 128, oea) == {"select_kernel": 4}  # a tile of 4 rows: four warps either way
+    assert _launch_warps(1, 128, PrunerConfig(policy="xshare", k0=1, budget=16)) == {"select_kernel": 1}
+    # an order or a cap: a tile's warps
+    assert _launch_warps(1, 128, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": 4}
+    assert _launch_warps(1, 128, PrunerConfig(policy="oea", k0=1, max_experts=12)) == {"select_kernel": 4}
+    assert _launch_warps(1, 128, PrunerConfig(policy="xshare-threshold", k0=1, tau=0.9)) == {"select_kernel": 4}
     assert _launch_warps(8, 256, xshare) == {"select_kernel": 8}
+    assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
     assert _launch_warps(32, 128, xshare) == {"select_kernel": 4, "route_kernel": 8}
-    aligned = token_alignment(8, 8, 128, 16)
-    assert _launch_warps(8, 128, xshare, alignment=aligned) == {"select_kernel": 4}
+    assert _launch_warps(8, 128, xshare, alignment=token_alignment(8, 8, 128, 16)) == {"select_kernel": 4}
+    assert _launch_warps(1, 128, oea, alignment=token_alignment(1, 8, 128, 16)) == {"select_kernel": 4}
 
 
 @pytest.mark.fused_selection
@@ -644,8 +665,8 @@ def test_one_program_of_more_rows_than_four_warps_takes_a_warp_per_row(row_warps
 @pytest.mark.parametrize("routing", ["biased", "softmax"])
 @pytest.mark.parametrize("policy", ["oea", "xshare", "xshare-threshold", "xshare-ep", "moe-spec", "lynx"])
 def test_one_program_of_seven_rows_matches_the_reference_on_either_warps(policy, routing, row_warps, monkeypatch):
-    """Both sides of the ``ONE_PROGRAM_ROW_WARPS`` A/B (the routing's warp-wide picks of float32 keys
-    and of biased rows are separate code): keep, ids, weights and metrics equal the reference's."""
+    """Both sides of the ``ONE_PROGRAM_ROW_WARPS`` A/B at T=7 (the routing's warp-wide picks of float32
+    keys and of biased rows are separate code): keep, ids, weights and metrics equal the reference's."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
     )
@@ -655,6 +676,27 @@ def test_one_program_of_seven_rows_matches_the_reference_on_either_warps(policy,
     logits = make_logits(7, 128, "normal", seed)
     assert plan_for(case["cfg"], 7, 128, 1).single
     _compare_routing(logits, case["cfg"], router, bias=bias, num_valid_tokens=7, expert_to_rank=case["expert_to_rank"])
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
+@pytest.mark.parametrize("routing", ["biased", "softmax", "grouped"])
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(1, 128), (2, 60), (1, 64)])
+@pytest.mark.parametrize("policy", ["oea", "moe-spec-static"])
+def test_light_rules_of_a_few_rows_match_the_reference_on_either_warps(
+    policy, num_tokens, num_experts, routing, row_warps, tmp_path, monkeypatch
+):
+    """``oea`` and static moe-spec on one warp per row (up to four rows) or a tile's four: keep, ids,
+    weights and metrics equal the reference's, padding rows and layers included."""
+    monkeypatch.setattr(
+        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
+    )
+    seed = num_tokens * 31 + num_experts
+    router, bias = _router(routing, 6, num_experts, seed)
+    cfg = _static_ranking(tmp_path, num_experts, 9) if policy == "moe-spec-static" else PrunerConfig(policy="oea", k0=2)
+    logits = make_logits(num_tokens, num_experts, "normal", seed)
+    for layer, num_valid in ((0, num_tokens), (2, num_tokens - 1)):
+        _compare_routing(logits, cfg, router, bias=bias, layer_id=layer, num_valid_tokens=num_valid)
 
 
 def test_launch_plan_gives_each_request_its_program_up_to_128() -> None:

@@ -69,12 +69,16 @@ MAX_KEYED_COACT_TOKENS = 4096
 #: and 40.6 at T=8).  ``bench_selection.py --block-picks`` sets it to 0, the block-wide side of that
 #: A/B.
 WARP_PICKS_MAX_EXPERTS = 128
-#: A one-program call whose tile has more rows than a tile's four warps (T = 5 to 8) on at most 128
-#: experts takes one warp per row: eight.  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``), the
-#: selection at T=8 on E=128 issues 30-43% fewer instructions per warp for every rule that has one
-#: (xshare 3285 -> 1876, with no spill instead of 12 bytes; ``oea`` 2379 -> 1427; moe-spec 2754 ->
-#: 1645) with as many barriers, and its routing takes each pick with one ``REDUX``.  Not yet timed on a
-#: GPU: ``bench_selection.py --tile-warps`` sets it False, the other side of that A/B.
+#: One warp per row in two more kinds of one-program calls on at most 128 experts (see
+#: :func:`kernel_warps`): a tile taller than a tile's four warps (T = 5 to 8), eight warps for any
+#: rule; and ``oea`` and static moe-spec, whose rules run no order, join the light rules of up to four
+#: rows.  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``): at T=8 on E=128 each warp issues
+#: 30-43% fewer instructions for every rule, with as many barriers (xshare 3285 -> 1876, its 12
+#: spilled bytes gone; ``oea`` 2379 -> 1427; moe-spec 2754 -> 1645), and its routing takes each pick
+#: with one ``REDUX``; at T=1 ``oea`` compiles to 1 barrier instead of 24 (727 -> 1045 instructions)
+#: and static moe-spec to 1 instead of 21 (694 -> 983), the profile of xshare's light rule that took
+#: 1.2-1.3 us over ``none`` at T=1 on an H200 (040baec).  Not timed yet: ``bench_selection.py
+#: --tile-warps`` sets it False, the other side of that A/B.
 ONE_PROGRAM_ROW_WARPS = True
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -130,11 +134,12 @@ def kernel_warps(
     experts; a one-program call then takes one warp per row too, while that is no more warps than a
     tile's.  Its row reductions are then warp-wide (``REDUX``) instead of block-wide: xshare at T=1,
     E=128 compiles to 1 barrier instead of 27, for about 330 more instructions per lane (Triton 3.6;
-    at E=256 it would be 1900 more, so DeepSeek-V3 keeps its eight warps).  Any rule on at most 128
-    experts takes one warp per row, eight, when the one program's tile is taller than four rows
-    (:data:`ONE_PROGRAM_ROW_WARPS`): the set rule's work then spreads over twice the warps too.  Not
-    when the call also aligns its slots: one warp then spilled about 2 KB of local memory per thread
-    for the slot comparisons, four at E=256 416 bytes (Triton 3.6, sm_90).
+    at E=256 it would be 1900 more, so DeepSeek-V3 keeps its eight warps).  :func:`is_light_rule` says
+    which rules are light.  Any rule on at most 128 experts takes one warp per row, eight, when the
+    one program's tile is taller than four rows (:data:`ONE_PROGRAM_ROW_WARPS`): the set rule's work
+    then spreads over twice the warps too.  Not when the call also aligns its slots: one warp then
+    spilled about 2 KB of local memory per thread for the slot comparisons, four at E=256 416 bytes
+    (Triton 3.6, sm_90).
     """
     if plan.single and not align:
         row_warps = route_warps(block_experts, plan)
@@ -146,6 +151,18 @@ def kernel_warps(
             if ONE_PROGRAM_ROW_WARPS and row_warps > tile_warps(block_experts):
                 return row_warps
     return tile_warps(block_experts)
+
+
+def is_light_rule(policy_args: dict) -> bool:
+    """Whether a call's set rule is light (:func:`kernel_warps`): it runs no order of the experts and
+    has no ``max_experts`` cap.  xshare whose greedy budget takes every candidate (measured on an
+    H200); with :data:`ONE_PROGRAM_ROW_WARPS`, also ``oea`` (the union of every row's warm experts) and
+    static moe-spec (the calibrated places)."""
+    if policy_args["has_cap"]:
+        return False
+    if policy_args["mode"] == "MODE_GREEDY_WARM":
+        return not policy_args["order"]
+    return ONE_PROGRAM_ROW_WARPS and policy_args["mode"] in ("MODE_WARM", "MODE_STATIC")
 
 
 def route_warps(block_experts: int, plan: LaunchPlan) -> int:
@@ -564,7 +581,7 @@ def _launch_kernels(
             plan,
             cfg.policy,
             alignment is not None,
-            light_rule=policy["mode"] == "MODE_GREEDY_WARM" and not policy["order"] and not policy["has_cap"],
+            light_rule=is_light_rule(policy),
         ),
         enable_fp_fusion=False,
         # each launch waits for the kernel before it (griddepcontrol.wait) before touching memory

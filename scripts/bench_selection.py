@@ -444,7 +444,7 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
         "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
         f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call on <= 128 experts (5-8 "
-        f"rows; oea and static moe-spec up to 4): {meta['one_program_warps']}.",
+        f"rows; up to 4, oea, static and co-activation moe-spec): {meta['one_program_warps']}.",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
         "checks |" + (" pdl sel us | pdl none us | pdl sel us behind a reset launch |" if pdl else ""),
@@ -495,9 +495,9 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="run one-program calls on at most 128 experts (5 to 8 rows; oea and static moe-spec up to 4) on a "
-        "tile's four warps instead of one warp per row (kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): "
-        "the other side of its A/B",
+        help="run one-program calls on at most 128 experts (5 to 8 rows; up to 4, oea and the static and "
+        "co-activation rankings) on a tile's four warps instead of one warp per row "
+        "(kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): the other side of its A/B",
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()

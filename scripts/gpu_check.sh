@@ -14,9 +14,9 @@
 #                 picks block-wide, the other side of the A/B whose first side (the picks in every warp)
 #                 the selection stage times (its table goes to gpu_check.log)
 #   2d. warps     scripts/bench_selection.py --tile-warps at T=1 and 8 on the E=128 routers: one-program
-#                 calls on a tile's four warps (oea and static moe-spec at T=1, every rule at T=8), the
-#                 other side of the A/B whose first side (one warp per row) the selection stage times
-#                 (its table goes to gpu_check.log)
+#                 calls on a tile's four warps (oea, static and co-activation moe-spec at T=1, every rule
+#                 at T=8), the other side of the A/B whose first side (one warp per row) the selection
+#                 stage times (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py

@@ -186,9 +186,9 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="compile one-program calls on at most 128 experts (5 to 8 rows; oea and static moe-spec up to "
-        "4) on a tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one warp per row, the other "
-        "side of its A/B",
+        help="compile one-program calls on at most 128 experts (5 to 8 rows; up to 4, oea and the static "
+        "and co-activation rankings) on a tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one "
+        "warp per row, the other side of its A/B",
     )
     parser.add_argument(
         "--no-metrics",

@@ -100,8 +100,8 @@ def test_bench_selection_with_block_picks(tmp_path) -> None:
     assert report["meta"]["picks"] == "block-wide (--block-picks)"
     assert report["meta"]["one_program_warps"] == "a tile's four (--tile-warps)"
     assert (
-        "warps of a one-program call on <= 128 experts (5-8 rows; oea and static moe-spec up to 4): a tile's four"
-        in (tmp_path / "selection.md").read_text()
+        "warps of a one-program call on <= 128 experts (5-8 rows; up to 4, oea, static and co-activation "
+        "moe-spec): a tile's four" in (tmp_path / "selection.md").read_text()
     )
 
 

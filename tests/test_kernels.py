@@ -618,21 +618,35 @@ def _launch_warps(num_tokens, num_experts, cfg, **kwargs) -> dict[str, int]:
     return {name: launch_kwargs["num_warps"] for name, (_, _, launch_kwargs) in launches.items()}
 
 
-def _static_ranking(tmp_path, num_experts: int, max_experts: int = 20) -> PrunerConfig:
-    """Static moe-spec on a calibration file of three layers."""
+def _static_ranking(tmp_path, num_experts: int, max_experts: int = 20, coactivation: bool = False) -> PrunerConfig:
+    """Static moe-spec (or, with ``coactivation``, the co-activation ranking) on a calibration file of
+    three layers; in the co-activation file experts pair up (always picked together) and the rest
+    co-occur partly, so gains fall to zero before the budget is spent."""
     import json
 
     counts = [[float((e * 37 + layer * 11) % 17) for e in range(num_experts)] for layer in range(3)]
-    path = tmp_path / f"ranking-{num_experts}.json"
-    path.write_text(json.dumps({"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}))
-    return PrunerConfig(policy="moe-spec", max_experts=max_experts, ranking="static", static_ranking_path=str(path))
+    doc = {"format": "xshare-sglang.static-ranking", "version": 1, "counts": counts}
+    if coactivation:
+        pairs = [
+            [[5 if i // 2 == j // 2 else (i * j + layer) % 3 for j in range(num_experts)] for i in range(num_experts)]
+            for layer in range(3)
+        ]
+        doc = doc | {
+            "counts": [[float(row[i]) for i, row in enumerate(layer)] for layer in pairs],
+            "coactivation": pairs,
+        }
+    path = tmp_path / f"ranking-{num_experts}-{coactivation}.json"
+    path.write_text(json.dumps(doc))
+    ranking = "coactivation" if coactivation else "static"
+    return PrunerConfig(policy="moe-spec", max_experts=max_experts, ranking=ranking, static_ranking_path=str(path))
 
 
 @pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
 def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path, monkeypatch) -> None:
     """``ONE_PROGRAM_ROW_WARPS``: on at most 128 experts, a one-program call whose tile is taller than
-    four rows runs on one warp per row (eight), and so do ``oea`` and static moe-spec up to four rows
-    (light rules, as xshare whose budget takes every candidate always was); with it off
+    four rows runs on one warp per row (eight), and so do ``oea``, static moe-spec and the
+    co-activation ranking up to four rows (light rules, as xshare whose budget takes every candidate
+    always was); with it off
     (``bench_selection.py --tile-warps``) they run on a tile's four.  A rule with an order or a cap,
     several programs, E=256 and the aligned path are not concerned."""
     monkeypatch.setattr(
@@ -644,9 +658,11 @@ def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path
     assert _launch_warps(8, 128, xshare) == {"select_kernel": tall}
     assert _launch_warps(5, 64, oea) == {"select_kernel": tall}
     assert _launch_warps(7, 60, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": tall}
-    # light rules up to four rows: oea and static moe-spec only with the flag, xshare always
+    # light rules up to four rows: oea, static and co-activation moe-spec only with the flag, xshare always
     assert _launch_warps(1, 128, oea) == {"select_kernel": 1 if row_warps else 4}
     assert _launch_warps(2, 128, static) == {"select_kernel": 2 if row_warps else 4}
+    coact = _static_ranking(tmp_path, 128, coactivation=True)
+    assert _launch_warps(1, 128, coact) == {"select_kernel": 1 if row_warps else 4}
     assert _launch_warps(3, 128, oea) == {"select_kernel": 4}  # a tile of 4 rows: four warps either way
     assert _launch_warps(1, 128, PrunerConfig(policy="xshare", k0=1, budget=16)) == {"select_kernel": 1}
     # an order or a cap: a tile's warps
@@ -682,18 +698,23 @@ def test_one_program_of_seven_rows_matches_the_reference_on_either_warps(policy,
 @pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
 @pytest.mark.parametrize("routing", ["biased", "softmax", "grouped"])
 @pytest.mark.parametrize(("num_tokens", "num_experts"), [(1, 128), (2, 60), (1, 64)])
-@pytest.mark.parametrize("policy", ["oea", "moe-spec-static"])
+@pytest.mark.parametrize("policy", ["oea", "moe-spec-static", "moe-spec-coact"])
 def test_light_rules_of_a_few_rows_match_the_reference_on_either_warps(
     policy, num_tokens, num_experts, routing, row_warps, tmp_path, monkeypatch
 ):
-    """``oea`` and static moe-spec on one warp per row (up to four rows) or a tile's four: keep, ids,
-    weights and metrics equal the reference's, padding rows and layers included."""
+    """``oea``, static moe-spec and the co-activation ranking on one warp per row (up to four rows) or
+    a tile's four: keep, ids, weights and metrics equal the reference's, padding rows and layers
+    included."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
     )
     seed = num_tokens * 31 + num_experts
     router, bias = _router(routing, 6, num_experts, seed)
-    cfg = _static_ranking(tmp_path, num_experts, 9) if policy == "moe-spec-static" else PrunerConfig(policy="oea", k0=2)
+    cfg = {
+        "oea": PrunerConfig(policy="oea", k0=2),
+        "moe-spec-static": _static_ranking(tmp_path, num_experts, 9),
+        "moe-spec-coact": _static_ranking(tmp_path, num_experts, 12, coactivation=True),
+    }[policy]
     logits = make_logits(num_tokens, num_experts, "normal", seed)
     for layer, num_valid in ((0, num_tokens), (2, num_tokens - 1)):
         _compare_routing(logits, cfg, router, bias=bias, layer_id=layer, num_valid_tokens=num_valid)

@@ -9,6 +9,7 @@ allocation per call.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 
@@ -136,6 +137,7 @@ def test_graph_replay_of_the_calibrated_picks(
     [
         ("oea", 1, 128, torch.bfloat16),  # a light rule on one warp
         ("moe-spec-static", 2, 128, torch.float16),  # on two
+        ("moe-spec-coact", 1, 128, torch.bfloat16),
         ("xshare", 8, 128, torch.bfloat16),
         ("oea", 5, 128, torch.float32),
         ("xshare-threshold", 8, 64, torch.float16),
@@ -149,13 +151,16 @@ def test_graph_replay_of_one_program_on_a_warp_per_row(
     policy, num_tokens, num_experts, dtype, row_warps, tmp_path, monkeypatch
 ) -> None:
     """A one-program call of 5 to 8 rows on at most 128 experts runs on one warp per row (eight), and
-    ``oea`` and static moe-spec up to four rows too, or on a tile's four with ``ONE_PROGRAM_ROW_WARPS``
-    off (``bench_selection.py --tile-warps``, the other side of that A/B): graph replays match the
-    reference either way."""
+    ``oea``, static moe-spec and the co-activation ranking up to four rows too, or on a tile's four
+    with ``ONE_PROGRAM_ROW_WARPS`` off (``bench_selection.py --tile-warps``, the other side of that
+    A/B): graph replays match the reference either way."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
     )
-    _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype)
+    cfg = _config(policy, tmp_path, num_experts)
+    if policy == "oea":
+        cfg = dataclasses.replace(cfg, max_experts=None)  # a cap would order the experts: not a light rule
+    _check_replays(cfg, num_tokens, num_experts, dtype)
 
 
 @pytest.mark.skipif(

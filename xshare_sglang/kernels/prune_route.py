@@ -71,14 +71,15 @@ MAX_KEYED_COACT_TOKENS = 4096
 WARP_PICKS_MAX_EXPERTS = 128
 #: One warp per row in two more kinds of one-program calls on at most 128 experts (see
 #: :func:`kernel_warps`): a tile taller than a tile's four warps (T = 5 to 8), eight warps for any
-#: rule; and ``oea`` and static moe-spec, whose rules run no order, join the light rules of up to four
-#: rows.  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``): at T=8 on E=128 each warp issues
-#: 30-43% fewer instructions for every rule, with as many barriers (xshare 3285 -> 1876, its 12
-#: spilled bytes gone; ``oea`` 2379 -> 1427; moe-spec 2754 -> 1645), and its routing takes each pick
-#: with one ``REDUX``; at T=1 ``oea`` compiles to 1 barrier instead of 24 (727 -> 1045 instructions)
-#: and static moe-spec to 1 instead of 21 (694 -> 983), the profile of xshare's light rule that took
-#: 1.2-1.3 us over ``none`` at T=1 on an H200 (040baec).  Not timed yet: ``bench_selection.py
-#: --tile-warps`` sets it False, the other side of that A/B.
+#: rule; and up to four rows, ``oea``, static moe-spec and the co-activation ranking, whose rules run
+#: no order, join the light rules.  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``): at T=8 on
+#: E=128 each warp issues 30-43% fewer instructions for every rule, with as many barriers (xshare
+#: 3285 -> 1876, its 12 spilled bytes gone; ``oea`` 2379 -> 1427; moe-spec 2754 -> 1645), and its
+#: routing takes each pick with one ``REDUX``; at T=1 ``oea`` compiles to 1 barrier instead of 24
+#: (727 -> 1045 instructions), static moe-spec to 1 instead of 21 (694 -> 983), the profile of
+#: xshare's light rule that took 1.2-1.3 us over ``none`` at T=1 on an H200 (040baec), and the
+#: co-activation ranking to 1 instead of 35 (1037 -> 1295, the same pick loop).  Not timed yet:
+#: ``bench_selection.py --tile-warps`` sets it False, the other side of that A/B.
 ONE_PROGRAM_ROW_WARPS = True
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -156,13 +157,14 @@ def kernel_warps(
 def is_light_rule(policy_args: dict) -> bool:
     """Whether a call's set rule is light (:func:`kernel_warps`): it runs no order of the experts and
     has no ``max_experts`` cap.  xshare whose greedy budget takes every candidate (measured on an
-    H200); with :data:`ONE_PROGRAM_ROW_WARPS`, also ``oea`` (the union of every row's warm experts) and
-    static moe-spec (the calibrated places)."""
+    H200); with :data:`ONE_PROGRAM_ROW_WARPS`, also ``oea`` (the union of every row's warm experts),
+    static moe-spec (the calibrated places) and the co-activation ranking (its picks run in every
+    warp anyway, see :func:`warp_picks`, and the rest of its budget is taken in index order)."""
     if policy_args["has_cap"]:
         return False
     if policy_args["mode"] == "MODE_GREEDY_WARM":
         return not policy_args["order"]
-    return ONE_PROGRAM_ROW_WARPS and policy_args["mode"] in ("MODE_WARM", "MODE_STATIC")
+    return ONE_PROGRAM_ROW_WARPS and policy_args["mode"] in ("MODE_WARM", "MODE_STATIC", "MODE_COACT")
 
 
 def route_warps(block_experts: int, plan: LaunchPlan) -> int:

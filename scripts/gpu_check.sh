@@ -163,7 +163,7 @@ if wanted warps; then
     # the T where it matters: 1 for the light rules (oea, static moe-spec), 8 for every rule (5-8 rows
     # read one 8-row tile); above 128 experts a tile has eight warps already. The per-request rules
     # and the coverage ranking are not concerned (a program per request; two programs from 5 rows)
-    seconds=$(box warps 8)
+    seconds=$(box warps 5)
     stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 1,8 \
         --models qwen3-30b-a3b,gpt-oss-120b \
         --policies oea,moe-spec-static,xshare,xshare-threshold,xshare-ep,moe-spec,moe-spec-coact,lynx \
@@ -172,7 +172,7 @@ if wanted warps; then
     [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
-    seconds=$(box moe_layer 20)
+    seconds=$(box moe_layer 15)
     stage moe_layer "$seconds" python3 scripts/bench_moe_layer.py --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3-ep8 \
         --tokens 8,32,128,512 --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" \
         --git-sha "$sha" --out-dir "$work/moe_layer" "${sgl_args[@]}"

@@ -155,6 +155,11 @@ class TestEagle3PrunedVerify:
 # i.e. 2 to 4 requests, pruned; 4 rows, one request, not) so that both kinds show in every run.
 GUARD_MAX_REQUESTS = 4
 GUARD_FORCED_ON = [8, 16]
+#: The guard's budget.  With 10 s, on a 2-core machine running the other test worker beside it, the
+#: warm-up pass took the whole budget ("0 rounds in 10.5 s"), so no bucket was timed (they then stay
+#: off, untimed) and the test failed.  On an idle machine the rounds stop at the guard's MAX_ROUNDS
+#: well before 30 s.
+GUARD_SECONDS = 30
 
 
 @pytest.fixture(scope="class")
@@ -169,7 +174,7 @@ def guarded_eagle_server(draft_dir, tmp_path_factory):
         "--moe-pruner-guard",
         "auto",
         "--moe-pruner-guard-seconds",
-        "10",
+        str(GUARD_SECONDS),
         "--moe-pruner-config",
         json.dumps({"test_guard_pruned": [["verify", n] for n in GUARD_FORCED_ON]}),
         "--moe-pruner-trace-dir",

@@ -109,3 +109,30 @@ class LiveServer:
                 return True
             time.sleep(0.5)
         return False
+
+
+def trace_files(folder: Path) -> set[str]:
+    """Names of the complete trace files in ``folder`` (the recorder writes each under a temporary
+    name and renames it)."""
+    return {path.name for path in folder.glob("trace-*.pt")}
+
+
+def traces_after(folder: Path, before: set[str], *, quiet_s: float = 5.0, timeout_s: float = 60.0) -> list[Path]:
+    """The trace files once the recorder has written the traffic sent since ``before`` was listed.
+
+    Called when that traffic has ended.  The recorder writes what it holds once no forward came for
+    2 s (``trace_recorder.IDLE_FLUSH_S``), then builds and saves the file, which took about a second
+    more on a 2-core CI machine.  So: at least one file not in ``before``, then no new file for
+    ``quiet_s`` seconds counted from the end of the traffic or the last new file, whichever is later.
+    """
+    start = time.monotonic()
+    seen, changed = trace_files(folder), start
+    while True:
+        time.sleep(0.25)
+        now, files = time.monotonic(), trace_files(folder)
+        if files != seen:
+            seen, changed = files, now
+        if seen - before and now - changed >= quiet_s:
+            return sorted(folder / name for name in seen)
+        if now - start > timeout_s:
+            raise AssertionError(f"no trace file of the traffic in {folder} within {timeout_s:g} s ({sorted(seen)})")

@@ -21,7 +21,7 @@ import json
 import pytest
 import requests
 
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, trace_files, traces_after
 from xshare_sglang.testing.eagle_draft import make_tiny_eagle3_draft
 
 pytestmark = pytest.mark.live_server
@@ -216,7 +216,6 @@ class TestEagle3Guard:
 
     def test_each_verify_call_follows_its_bucket(self, guarded_eagle_server) -> None:
         import shlex
-        import time
         from concurrent.futures import ThreadPoolExecutor
 
         import torch
@@ -228,12 +227,12 @@ class TestEagle3Guard:
 
         server, flags, traces = guarded_eagle_server
         texts = [f"{prompt} {suffix}" for prompt in PROMPTS for suffix in ("", "and then", "Answer:", "1 2 3")]
+        before = trace_files(traces)
         for _ in range(2):
             with ThreadPoolExecutor(GUARD_MAX_REQUESTS) as pool:
                 answers = list(pool.map(lambda text: server.generate(text, NEW_TOKENS), texts))
             assert all(answer["meta_info"]["completion_tokens"] == NEW_TOKENS for answer in answers)
-        time.sleep(3)  # the recorder's writer flushes what it holds after 2 s without a forward
-        calls = [c for path in sorted(traces.glob("trace-*.pt")) for c in load_trace(path).calls if c.phase == "verify"]
+        calls = [c for path in traces_after(traces, before) for c in load_trace(path).calls if c.phase == "verify"]
         assert calls, "no verify forward was recorded"
         assert all(c.num_rows % 4 == 0 for c in calls)
         table = logged_table(server)

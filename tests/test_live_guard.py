@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, trace_files, traces_after
 from tests.test_live_server import POLICIES, TOP_K, post_ids, pruner_flags, reference_tokens
 from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.break_even import BucketDecision, GuardTable
@@ -99,14 +99,12 @@ def concurrent_traffic(server: LiveServer, num_requests: int = 12) -> None:
     assert all(answer["meta_info"]["completion_tokens"] == 12 for answer in answers)
 
 
-def check_served_calls(table: GuardTable, traces: Path) -> set[int]:
+def check_served_calls(table: GuardTable, traces: Path, before: set[str]) -> set[int]:
     """Every recorded decode layer call: unpruned where its bucket is off, the policy's mask where on.
+    ``before``: the trace files from before the traffic just sent (its own must reach the disk).
 
     Returns the row counts the recorded calls had."""
-    import time
-
-    time.sleep(3)  # the recorder's writer flushes what it holds after 2 s without a forward
-    files = sorted(traces.glob("trace-*.pt"))
+    files = traces_after(traces, before)
     calls = [call for path in files for call in load_trace(path).calls if call.phase == "decode"]
     assert calls, "no decode forward was recorded"
     cfg = PrunerConfig(**POLICY)
@@ -145,8 +143,9 @@ class TestForcedDecisions:
 
     def test_each_served_call_follows_its_bucket(self, forced_server) -> None:
         server, traces = forced_server
+        before = trace_files(traces)
         concurrent_traffic(server)
-        rows = check_served_calls(logged_table(server), traces)
+        rows = check_served_calls(logged_table(server), traces, before)
         on = {n for n in rows if logged_table(server).prunes("decode", n)}
         assert on and rows - on, f"the traffic reached only one kind of bucket: rows {sorted(rows)}"
 
@@ -171,5 +170,6 @@ class TestTimedDecisions:
                 ), decision
         cfg = PrunerConfig(**POLICY) if table.prunes("decode", 1) else None
         assert post_ids(server, prompts[0]) == reference_tokens(reference, cfg, prompts[0])
+        before = trace_files(traces)
         concurrent_traffic(server)
-        check_served_calls(table, traces)
+        check_served_calls(table, traces, before)

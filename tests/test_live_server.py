@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, traces_after
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.policies.rewrite import activated_experts, filler_ids
 from xshare_sglang.replay.trace import load_trace
@@ -217,7 +216,7 @@ def _check_concurrent_replay(xshare_server) -> None:
     # chance)
     assert server.generate(texts[0], 4)["meta_info"]["completion_tokens"] == 4
     assert server.wait_for_log("moe-pruner: ", 5)
-    files = _wait_for_traces(traces)
+    files = traces_after(traces, set())
     calls = [call for path in files for call in load_trace(path).calls]
     pruned = [call for call in calls if call.keep is not None]
     assert pruned, "no pruned layer call was recorded"
@@ -241,19 +240,6 @@ def _check_concurrent_replay(xshare_server) -> None:
         labels = (("layer", str(call.layer)), ("tp_rank", "0"))
         assert metrics["moe_pruner:kept_experts"][labels] == int(call.keep.sum())
         assert metrics["moe_pruner:activated_experts"][labels] == _layer_activated(call.logits.float(), call.keep)
-
-
-def _wait_for_traces(folder: Path, timeout_s: float = 30.0) -> list[Path]:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        files = sorted(folder.glob("trace-*.pt"))
-        if files:
-            time.sleep(3)  # the writer flushes what it holds after 2 s without a forward
-            return sorted(folder.glob("trace-*.pt"))
-        time.sleep(0.5)
-    raise AssertionError(f"the server wrote no trace file into {folder} within {timeout_s:g} s")
 
 
 def _check_fault_fallback(xshare_server, prompts, reference) -> None:

@@ -437,6 +437,62 @@ def test_a_biased_group_with_a_tied_best_scores_it_twice(num_experts) -> None:
     assert got.topk_ids.cpu().tolist() == [[1 * size + 3, 1 * size + 5], [5 * size, 5 * size + 1]]
 
 
+GROUP_WARP_ROUTERS = {
+    "deepseek-v3": (256, RouterSpec(8, "sigmoid", True, 8, 4, 2.5)),
+    "8x32-top2-unscaled": (256, RouterSpec(2, "sigmoid", False, 8, 1)),
+    "8x32-every-group": (256, RouterSpec(8, "sigmoid", True, 8, 8, 2.5)),
+    "4x32": (128, RouterSpec(8, "sigmoid", True, 4, 2, 2.5)),
+    "2x32-top1": (64, RouterSpec(1, "sigmoid", True, 2, 1)),
+}
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("group_warps", [True, False], ids=["warp_per_group", "off"])
+@pytest.mark.parametrize("shape", list(GROUP_WARP_ROUTERS))
+def test_one_row_of_biased_groups_routes_like_the_reference_on_a_warp_per_group(shape, group_warps, monkeypatch):
+    """``GROUP_WARP_ROUTING``: a one-row call of biased routing in groups of 32 experts routes with a
+    warp per group (each group's picks in its warp, the row's among them in every warp) on both sides
+    of the A/B: keep, ids, weights and metrics equal the reference's, with ties, non-finite logits,
+    fewer candidates than top_k, padding and a row of vote weight 0."""
+    monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "GROUP_WARP_ROUTING", group_warps)
+    num_experts, router = GROUP_WARP_ROUTERS[shape]
+    bias = torch.randn(num_experts, generator=torch.Generator().manual_seed(num_experts)) * 0.5
+    configs = [
+        PrunerConfig(),
+        PrunerConfig(policy="xshare", k0=1, budget=num_experts // 8),
+        PrunerConfig(policy="oea", k0=1),
+        PrunerConfig(policy="moe-spec", max_experts=12),
+    ]
+    for seed, style in enumerate(("normal", "integers", "nonfinite", "few_finite")):
+        logits = make_logits(1, num_experts, style, seed=seed)
+        for cfg in configs:
+            _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=1 if seed != 2 else 0)
+    for weight, cfg in itertools.product((0.0, 0.7), configs[:2]):
+        _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=1, token_weights=torch.tensor([weight]))
+
+
+@pytest.mark.fused_selection
+def test_only_one_row_of_biased_groups_of_32_takes_a_warp_per_group(monkeypatch) -> None:
+    """Which calls route with a warp per group (``group_warp_routing``): one row of biased groups of
+    32 experts, whatever the policy; not a taller call, truncation, filled slots, groups of another
+    size, or with the switch off (``bench_selection.py --row-group-warps``)."""
+    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    oea = PrunerConfig(policy="oea", k0=1)
+    assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 8}
+    assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
+    assert _launch_warps(2, 256, PrunerConfig()) == {"select_kernel": 2}  # a warp per row
+    assert _launch_warps(1, 256, PrunerConfig(coverage="truncation")) == {"select_kernel": 1}
+    assert _launch_warps(1, 256, PrunerConfig(), fill_dropped=True) == {"select_kernel": 1}
+    assert _launch_warps(1, 128, PrunerConfig()) == {"select_kernel": 1}  # 8 groups of 16
+    plan = wrapper.plan_for(PrunerConfig(), 1, 256, 1)
+    assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 8
+    assert wrapper.group_warp_routing(RouterSpec(16, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 0
+    assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, False, False, False) == 0
+    monkeypatch.setattr(wrapper, "GROUP_WARP_ROUTING", False)
+    assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 1}
+    assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
+
+
 def _kept_count(logits, router, cfg, **fields) -> int:
     keep, _ = select(routing_call(logits, router, **fields), cfg)
     return int(keep.sum())

@@ -736,6 +736,130 @@ def biased_group_key(high1, high2, count, g):
 
 # --------------------------------------------------------------------------- phase C: routing
 @triton.jit
+def route_row_by_group_warps(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    rows,
+    rows_in_block,
+    n_valid,
+    weights_ptr,
+    bias_ptr,
+    keep,
+    ids_ptr,
+    ids_stride,
+    out_w_ptr,
+    out_w_stride,
+    top_k,
+    topk_group,
+    scale,
+    HAS_WEIGHTS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+):
+    """:func:`route_block` of one row in biased grouped routing (DeepSeek-V3: 8 groups of 32), with
+    each of the program's ``BLOCK_G`` warps holding one group (``GROUP_SIZE`` = 32, a lane per expert).
+
+    One warp per row held 8 experts per lane on E=256: eight software sigmoids and every pick a
+    maximum over 8 registers.  Here each lane takes one sigmoid; a group's two best values and its
+    own top-k are warp maxima (``REDUX``, no barrier); the group ranking and the row's top-k are
+    each one comparison across the warps: the k best keys of the row are among the k best of each
+    chosen group, and a key's slot is the number of those candidates above it.
+
+    Exact as :func:`route_block`: the same keys and group ranking; keys are distinct within a row
+    (the inverted index is their low bits), so the candidates' counts of keys above them are their
+    places in the order of picks.  Returns the experts routed to, [BLOCK_E] int32."""
+    g = tl.arange(0, BLOCK_G)
+    e2 = g[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]  # [G, S]: a group per warp
+    row = tl.max(rows, axis=0)
+    row_ok = (tl.max(rows_in_block.to(tl.int32), axis=0) != 0) & (row < n_valid)
+    if HAS_WEIGHTS:
+        w = tl.load(weights_ptr + row, mask=row_ok, other=0.0).to(tl.float32)
+        row_ok = row_ok & (w == w) & (w > 0)  # as load_rows: a row of vote weight 0 is not routed
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_t + e2 * stride_e, mask=row_ok, other=float("-inf"))
+    x = x.to(tl.float32)
+    x = tl.where(x != x, float("-inf"), x)
+    x = tl.where(x == float("inf"), FP32_MAX, x) + 0.0
+    candidates = (x > float("-inf")) & (tl.reshape(keep, [BLOCK_G, GROUP_SIZE]) != 0)
+    bias = tl.load(bias_ptr + e2).to(tl.float32)
+    bias = tl.where(bias != bias, 0.0, bias)
+    bias = tl.minimum(tl.maximum(bias, -3.4028234663852886e38), FP32_MAX)
+    score_bits = sigmoid32(x).to(tl.int32, bitcast=True)  # a sigmoid's bits order as its value
+    key = pack_key(score_bits.to(tl.float32, bitcast=True) + bias, e2, candidates, 0)
+    # the int64 keys as (value bits, inverted index) halves: each maximum is two int32 warp maxima
+    high = tl.where(candidates, (key >> ID_BITS).to(tl.int32), MIN_KEY32)
+    low = (key & ID_MASK).to(tl.int32)
+    # rank the groups (group_order_key): each group's two best values and its candidates, in its warp
+    high1 = tl.max(high, axis=1)
+    ties = tl.sum((high == high1[:, None]).to(tl.int32), axis=1)
+    below = tl.max(tl.where(high < high1[:, None], high, MIN_KEY32), axis=1)
+    count = tl.sum(candidates.to(tl.int32), axis=1)
+    group_key = biased_group_key(high1, tl.where(ties >= 2, high1, below), count, g)
+    above = tl.sum((group_key[None, :] > group_key[:, None]).to(tl.int32), axis=1)
+    chosen = (above < topk_group)[:, None]
+    high = tl.where(chosen, high, MIN_KEY32)
+    # each group's top-k in its warp: the key and the sigmoid's bits of every pick
+    slot = tl.arange(0, BLOCK_K)
+    group_keys = tl.zeros([BLOCK_G, BLOCK_K], tl.int64) + MIN_KEY
+    group_bits = tl.zeros([BLOCK_G, BLOCK_K], tl.int32)
+    for i in range(0, top_k):
+        best_high = tl.max(high, axis=1)
+        best_low = tl.max(tl.where(high == best_high[:, None], low, -1), axis=1)
+        bits = tl.max(tl.where(low == best_low[:, None], score_bits, 0), axis=1)
+        best = tl.where(best_high > MIN_KEY32, (best_high.to(tl.int64) << ID_BITS) | best_low, MIN_KEY)
+        group_keys = tl.where(slot[None, :] == i, best[:, None], group_keys)
+        group_bits = tl.where(slot[None, :] == i, bits[:, None], group_bits)
+        high = tl.where(low == best_low[:, None], MIN_KEY32, high)
+    # the row's top-k among the groups' picks, in every warp on its own copy of them: two [G, SUB]
+    # halves, a row per warp (SUB = G * K / 2 <= 32 lanes, see group_warp_routing)
+    SUB: tl.constexpr = BLOCK_G * BLOCK_K // 2
+    keys_a, keys_b = warp_halves(tl.reshape(group_keys, [2 * SUB]), SUB, BLOCK_G)
+    bits_a, bits_b = warp_halves(tl.reshape(group_bits, [2 * SUB]), SUB, BLOCK_G)
+    high_a = tl.where(keys_a > MIN_KEY, (keys_a >> ID_BITS).to(tl.int32), MIN_KEY32)
+    high_b = tl.where(keys_b > MIN_KEY, (keys_b >> ID_BITS).to(tl.int32), MIN_KEY32)
+    low_a = (keys_a & ID_MASK).to(tl.int32)
+    low_b = (keys_b & ID_MASK).to(tl.int32)
+    # the picks in the halves' layout (slot i in column i): no conversion inside the loop
+    col = tl.arange(0, SUB)[None, :] + tl.zeros([BLOCK_G, 1], tl.int32)
+    pick_key = tl.zeros([BLOCK_G, SUB], tl.int64) + MIN_KEY
+    pick_bits = tl.zeros([BLOCK_G, SUB], tl.int32)
+    for i in range(0, top_k):
+        best_high = warp_max(high_a, high_b)
+        best_low = warp_max(tl.where(high_a == best_high, low_a, -1), tl.where(high_b == best_high, low_b, -1))
+        at_a = (low_a == best_low) & (high_a > MIN_KEY32)
+        at_b = (low_b == best_low) & (high_b > MIN_KEY32)
+        bits = warp_max(tl.where(at_a, bits_a, 0), tl.where(at_b, bits_b, 0))
+        best = tl.where(best_high > MIN_KEY32, (best_high.to(tl.int64) << ID_BITS) | best_low, MIN_KEY)
+        pick_key = tl.where(col == i, best, pick_key)
+        pick_bits = tl.where(col == i, bits, pick_bits)
+        high_a = tl.where(at_a, MIN_KEY32, high_a)
+        high_b = tl.where(at_b, MIN_KEY32, high_b)
+    # every warp holds the same picks and stores them (the same values to the same addresses)
+    slot = col
+    slot_ok = slot < top_k
+    got = (pick_key > MIN_KEY) & slot_ok
+    ids = tl.where(got, key_expert(pick_key), -1)
+    wts = tl.where(got, pick_bits.to(tl.float32, bitcast=True), 0.0)
+    if RENORMALIZE:
+        denominator = tl.sum(wts, axis=1)[:, None]
+        wts = tl.where(denominator > 0, wts / tl.where(denominator > 0, denominator, 1.0), 0.0)
+    if HAS_SCALE:
+        wts = wts * scale
+    wts = tl.where(got, wts, 0.0)
+    out_ok = (tl.max(rows_in_block.to(tl.int32), axis=0) != 0) & slot_ok
+    tl.store(ids_ptr + row.to(tl.int64) * ids_stride + slot, ids, mask=out_ok)
+    tl.store(out_w_ptr + row.to(tl.int64) * out_w_stride + slot, wts, mask=out_ok)
+    # the picks are the candidates at or above the last one (every candidate when fewer than top_k)
+    last = tl.min(tl.where(slot_ok, pick_key, 2**62), axis=1)[:, None]
+    routed = (key > MIN_KEY) & chosen & (key >= last)
+    return tl.reshape(routed.to(tl.int32), [BLOCK_E])
+
+
+@triton.jit
 def route_block(
     logits_ptr,
     stride_t,
@@ -771,12 +895,41 @@ def route_block(
     GROUP_SIZE: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ROW_WARPS: tl.constexpr,
+    GROUP_WARPS: tl.constexpr,
 ):
     """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to.
 
     ``ROW_WARPS``: one warp holds each row of the block (as many warps as rows), where a maximum of
     int32 values is one warp-wide instruction; int64 keys then take each pick as two int32 maxima
-    (the value half, then the index half among its ties) rather than one int64 shuffle tree."""
+    (the value half, then the index half among its ties) rather than one int64 shuffle tree.
+    ``GROUP_WARPS``: one row of biased grouped routing, a warp per group
+    (:func:`route_row_by_group_warps`)."""
+    if GROUP_WARPS:
+        return route_row_by_group_warps(
+            logits_ptr,
+            stride_t,
+            stride_e,
+            rows,
+            rows_in_block,
+            n_valid,
+            weights_ptr,
+            bias_ptr,
+            keep,
+            ids_ptr,
+            ids_stride,
+            out_w_ptr,
+            out_w_stride,
+            top_k,
+            topk_group,
+            scale,
+            HAS_WEIGHTS,
+            RENORMALIZE,
+            HAS_SCALE,
+            BLOCK_E,
+            BLOCK_K,
+            BLOCK_G,
+            GROUP_SIZE,
+        )
     x, _, _ = load_rows(logits_ptr, stride_t, stride_e, rows, rows_in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS)
     finite = (x > float("-inf")) & e_ok[None, :]
     if TRUNCATION:
@@ -1383,6 +1536,7 @@ def select_kernel(
     ALIGN_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
     ROW_WARPS: tl.constexpr,
+    GROUP_WARPS: tl.constexpr,
     PDL: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
     ORDER: tl.constexpr,
@@ -1820,6 +1974,7 @@ def select_kernel(
                     GROUP_SIZE,
                     ROUTE_KEY_SHIFT,
                     ROW_WARPS,
+                    GROUP_WARPS,
                 )
                 used = tl.maximum(used, block_used)
                 if ALIGN:
@@ -2056,6 +2211,7 @@ def route_kernel(
     ALIGN_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
     ROW_WARPS: tl.constexpr,
+    GROUP_WARPS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -2112,6 +2268,7 @@ def route_kernel(
         GROUP_SIZE,
         KEY_SHIFT,
         ROW_WARPS,
+        GROUP_WARPS,
     )
     if ALIGN:
         tl.debug_barrier()  # the tile's ids, stored by every thread, read back by any

@@ -81,6 +81,14 @@ WARP_PICKS_MAX_EXPERTS = 128
 #: co-activation ranking to 1 instead of 35 (1037 -> 1295, the same pick loop).  Not timed yet:
 #: ``bench_selection.py --tile-warps`` sets it False, the other side of that A/B.
 ONE_PROGRAM_ROW_WARPS = True
+#: A one-program call of one row in biased grouped routing whose groups are 32 experts each
+#: (DeepSeek-V3: E=256 in 8 groups) routes with a warp per group (``_prune_route.
+#: route_row_by_group_warps``) instead of one warp for the row (policy ``none``) or a row spread over
+#: a tile's eight warps (every other policy).  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``):
+#: see docs/kernel-sass.md, "Fourteenth pass".  Not timed yet: ``bench_selection.py --row-group-warps``
+#: sets it False, the other side of that A/B.
+GROUP_WARP_ROUTING = True
+GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
@@ -122,7 +130,12 @@ def warp_picks(mode: str, block_experts: int) -> bool:
 
 
 def kernel_warps(
-    block_experts: int, plan: LaunchPlan, policy: str, align: bool = False, light_rule: bool = False
+    block_experts: int,
+    plan: LaunchPlan,
+    policy: str,
+    align: bool = False,
+    light_rule: bool = False,
+    group_warps: int = 0,
 ) -> int:
     """Warps per program of the selection (and, in a one-program call, its routing).
 
@@ -140,8 +153,11 @@ def kernel_warps(
     one program's tile is taller than four rows (:data:`ONE_PROGRAM_ROW_WARPS`): the set rule's work
     then spreads over twice the warps too.  Not when the call also aligns its slots: one warp then
     spilled about 2 KB of local memory per thread for the slot comparisons, four at E=256 416 bytes
-    (Triton 3.6, sm_90).
+    (Triton 3.6, sm_90).  ``group_warps``: the call's one row routes with a warp per expert group
+    (:func:`group_warp_routing`), this many.
     """
+    if plan.single and group_warps:
+        return group_warps
     if plan.single and not align:
         row_warps = route_warps(block_experts, plan)
         if policy == "none":
@@ -165,6 +181,26 @@ def is_light_rule(policy_args: dict) -> bool:
     if policy_args["mode"] == "MODE_GREEDY_WARM":
         return not policy_args["order"]
     return ONE_PROGRAM_ROW_WARPS and policy_args["mode"] in ("MODE_WARM", "MODE_STATIC", "MODE_COACT")
+
+
+def group_warp_routing(router, num_experts: int, plan: LaunchPlan, has_bias: bool, truncation: bool, fill: bool) -> int:
+    """Warps of a one-program call whose one row routes with a warp per expert group
+    (:data:`GROUP_WARP_ROUTING`), or 0 when it does not.
+
+    Biased sigmoid routing (DeepSeek-V3's) whose groups split E into a power of two of groups of
+    :data:`GROUP_WARP_SIZE` experts, at most 8 (a warp each), without truncation or filled slots (which
+    read the whole row's picks), and where the groups' picks fit two copies of 32 lanes per warp
+    (``groups x top_k``, top-k to a power of two, at most 64)."""
+    num_groups = router.num_expert_group
+    if not (GROUP_WARP_ROUTING and plan.single and plan.route_rows == 1 and num_groups > 1):
+        return 0
+    if not (has_bias and router.scoring == "sigmoid") or truncation or fill:
+        return 0
+    if not (_is_pow2(num_groups) and num_groups <= 8 and num_experts == num_groups * GROUP_WARP_SIZE):
+        return 0
+    if num_groups * max(2, _next_pow2(router.top_k)) > 2 * GROUP_WARP_SIZE:
+        return 0
+    return num_groups
 
 
 def route_warps(block_experts: int, plan: LaunchPlan) -> int:
@@ -561,6 +597,7 @@ def _launch_kernels(
     correction_bias = call.correction_bias
     has_bias = correction_bias is not None
     block_e = plan.block_experts
+    group_warps = group_warp_routing(router, num_experts, plan, has_bias, cfg.coverage == "truncation", fill_dropped)
     common = dict(
         HAS_NV_PTR=nv_tensor,
         HAS_WEIGHTS=has_weights,
@@ -584,6 +621,7 @@ def _launch_kernels(
             cfg.policy,
             alignment is not None,
             light_rule=is_light_rule(policy),
+            group_warps=group_warps,
         ),
         enable_fp_fusion=False,
         # each launch waits for the kernel before it (griddepcontrol.wait) before touching memory
@@ -670,6 +708,7 @@ def _launch_kernels(
             CHUNK_T=plan.route_rows,
             KEY_SHIFT=route_key_shift,
             ROW_WARPS=route_warps(block_e, plan) == plan.route_rows,
+            GROUP_WARPS=False,
             **align_kw,
             **(common | dict(num_warps=route_warps(block_e, plan))),
         )
@@ -740,6 +779,7 @@ def _launch_kernels(
         ALIGN_B=align_kw["ALIGN_B"],
         BLOCK_M=align_kw["BLOCK_M"],
         ROW_WARPS=common["num_warps"] == plan.route_rows,
+        GROUP_WARPS=group_warps > 0,
         WARPS=common["num_warps"],
         WARP_PICKS=warp_picks(policy["mode"], block_e),
         # let this call's next kernel (routing or LYNX picks) launch early and wait on the device

@@ -444,7 +444,8 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
         "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
         f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call on <= 128 experts (5-8 "
-        f"rows; up to 4, oea, static and co-activation moe-spec): {meta['one_program_warps']}.",
+        f"rows; up to 4, oea, static and co-activation moe-spec): {meta['one_program_warps']}; one-row calls of "
+        f"biased groups of 32 experts: {meta.get('group_warps', 'a warp per row')}.",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
         "checks |" + (" pdl sel us | pdl none us | pdl sel us behind a reset launch |" if pdl else ""),
@@ -499,12 +500,21 @@ def main() -> int:
         "co-activation rankings) on a tile's four warps instead of one warp per row "
         "(kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): the other side of its A/B",
     )
+    parser.add_argument(
+        "--no-group-warps",
+        action="store_true",
+        help="route one-row calls of biased groups of 32 experts (DeepSeek-V3 at T=1) with one warp for the "
+        "row (policy none) or over the tile's eight warps (the rules) instead of a warp per group "
+        "(kernels.prune_route.GROUP_WARP_ROUTING = False): the other side of its A/B",
+    )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
     if args.block_picks:
         importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
     if args.tile_warps:
         importlib.import_module("xshare_sglang.kernels.prune_route").ONE_PROGRAM_ROW_WARPS = False
+    if args.no_group_warps:
+        importlib.import_module("xshare_sglang.kernels.prune_route").GROUP_WARP_ROUTING = False
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     models = {**MODEL_ROUTERS, **SMOKE_ROUTERS}
@@ -572,6 +582,7 @@ def main() -> int:
         "metrics": "WITHOUT metrics (--no-metrics)" if args.no_metrics else "with the serving plugin's metrics row",
         "picks": "block-wide (--block-picks)" if args.block_picks else "calibrated rankings' picks in every warp",
         "one_program_warps": "a tile's four (--tile-warps)" if args.tile_warps else "one per row",
+        "group_warps": "off (--no-group-warps)" if args.no_group_warps else "a warp per expert group in one-row calls",
     }
     args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
     bench_args = args

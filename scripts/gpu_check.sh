@@ -17,6 +17,10 @@
 #                 calls on a tile's four warps (oea, static and co-activation moe-spec at T=1, every rule
 #                 at T=8), the other side of the A/B whose first side (one warp per row) the selection
 #                 stage times (its table goes to gpu_check.log)
+#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1 on DeepSeek-V3's router: one-row
+#                 calls routed with one warp for the row (none) or over the tile's eight warps (the
+#                 rules), the other side of the A/B whose first side (a warp per expert group) the
+#                 selection stage times (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -42,7 +46,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,pdl,picks,warps,moe_layer,kernel_routing,guard
+only=tests,selection,pdl,picks,warps,groups,moe_layer,kernel_routing,guard
 budget=520
 boxes=
 workers=14
@@ -74,7 +78,7 @@ sgl_args=()
 
 say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }
-stages=" tests selection pdl picks warps moe_layer kernel_routing guard "
+stages=" tests selection pdl picks warps groups moe_layer kernel_routing guard "
 for entry in ${boxes//,/ }; do
     name=${entry%%=*} percent=${entry#*=}
     if [[ "$stages" != *" $name "* || ! "$percent" =~ ^[0-9]+$ || "$percent" -gt 100 ]]; then
@@ -170,6 +174,15 @@ if wanted warps; then
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/warps" "${sgl_args[@]}"
     [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"
+fi
+if wanted groups; then
+    # one row only (GROUP_WARP_ROUTING); none is timed too, as every row's baseline
+    seconds=$(box groups 3)
+    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1 --models deepseek-v3 \
+        --policies oea,moe-spec-static,xshare,xshare-threshold,xshare-ep,moe-spec,lynx,xshare-spec \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/groups" "${sgl_args[@]}"
+    [ -f "$work/groups/selection.md" ] && cat "$work/groups/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
     seconds=$(box moe_layer 15)

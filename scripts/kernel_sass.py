@@ -191,6 +191,12 @@ def main() -> int:
         "warp per row, the other side of its A/B",
     )
     parser.add_argument(
+        "--no-group-warps",
+        action="store_true",
+        help="compile one-row calls of biased groups of 32 experts without a warp per group "
+        "(GROUP_WARP_ROUTING = False), the other side of its A/B",
+    )
+    parser.add_argument(
         "--no-metrics",
         action="store_true",
         help="compile the calls without the serving plugin's metrics row (the A/B of the metrics' code)",
@@ -201,6 +207,8 @@ def main() -> int:
         importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
     if args.tile_warps:
         importlib.import_module("xshare_sglang.kernels.prune_route").ONE_PROGRAM_ROW_WARPS = False
+    if args.no_group_warps:
+        importlib.import_module("xshare_sglang.kernels.prune_route").GROUP_WARP_ROUTING = False
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",

@@ -89,6 +89,7 @@ def test_bench_selection_with_block_picks(tmp_path) -> None:
     every call still equals the reference, and the report says which sides it timed."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--block-picks", "--tile-warps"]
+    command += ["--no-group-warps"]
     command += ["--models", "tiny", "--policies", "moe-spec-coact,moe-spec-coverage", "--out-dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -99,6 +100,7 @@ def test_bench_selection_with_block_picks(tmp_path) -> None:
     assert all(r["checks_ok"] for r in report["rows"]), report["rows"]
     assert report["meta"]["picks"] == "block-wide (--block-picks)"
     assert report["meta"]["one_program_warps"] == "a tile's four (--tile-warps)"
+    assert report["meta"]["group_warps"] == "off (--no-group-warps)"
     assert (
         "warps of a one-program call on <= 128 experts (5-8 rows; up to 4, oea, static and co-activation "
         "moe-spec): a tile's four" in (tmp_path / "selection.md").read_text()
@@ -127,6 +129,27 @@ def test_kernel_sass_block_picks_compiles_the_other_side() -> None:
     assert (barriers, shuffles, loads) == (0, 0, 2) and instructions > 50, pick_loops
     instructions, barriers, shuffles, loads = pick_loops[True]
     assert barriers >= 1 and shuffles >= 1 and loads == 1, pick_loops
+
+
+def test_kernel_sass_group_warps_route_one_row_without_a_barrier_per_pick() -> None:
+    """kernel_sass.py on DeepSeek-V3's router at T=1: policy ``none`` routes on a warp per expert group
+    (eight), and no loop of the kernel (the groups' picks, the row's picks among them) holds a barrier
+    or a shuffle; with --no-group-warps the row takes one warp, as before."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    cells = {}
+    for flag in ([], ["--no-group-warps"]):
+        command = [sys.executable, str(ROOT / "scripts" / "kernel_sass.py"), "--models", "deepseek-v3", "--loops"]
+        command += ["--tokens", "1", "--policies", "none", *flag]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        select = [line for line in result.stdout.splitlines() if "| none | select |" in line]
+        assert len(select) == 1, result.stdout
+        cells[bool(flag)] = [cell.strip() for cell in select[0].split("|")]
+    warps, bodies = cells[False][-3], cells[False][-2]
+    loops = [tuple(int(n) for n in body.split("/")) for body in bodies.split()]
+    assert warps == "8" and len(loops) >= 2, cells[False]
+    assert all(barriers == 0 and shuffles == 0 for _, barriers, shuffles, _ in loops), cells[False]
+    assert cells[True][-3] == "1", cells[True]
 
 
 def test_bench_selection_topk_is_sglangs() -> None:

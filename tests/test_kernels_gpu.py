@@ -163,6 +163,30 @@ def test_graph_replay_of_one_program_on_a_warp_per_row(
     _check_replays(cfg, num_tokens, num_experts, dtype)
 
 
+@pytest.mark.parametrize("group_warps", [True, False], ids=["warp_per_group", "off"])
+@pytest.mark.parametrize(
+    ("policy", "dtype"),
+    [
+        ("none", torch.float32),
+        ("none", torch.bfloat16),
+        ("oea", torch.float16),
+        ("xshare", torch.bfloat16),
+        ("moe-spec", torch.float32),
+        ("moe-spec-coact", torch.bfloat16),
+        ("lynx", torch.bfloat16),
+        ("xshare-spec", torch.float32),
+    ],
+)
+def test_graph_replay_of_one_row_on_a_warp_per_group(policy, dtype, group_warps, tmp_path, monkeypatch) -> None:
+    """A one-row call of DeepSeek-V3's router (biased, 8 groups of 32 experts) routes with a warp per
+    group, or with ``GROUP_WARP_ROUTING`` off (``bench_selection.py --no-group-warps``, the other side
+    of that A/B) as before: graph replays match the reference either way."""
+    monkeypatch.setattr(
+        importlib.import_module("xshare_sglang.kernels.prune_route"), "GROUP_WARP_ROUTING", group_warps
+    )
+    _check_replays(_config(policy, tmp_path, 256), 1, 256, dtype)
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
     reason="programmatic dependent launch needs compute capability 9.0+",

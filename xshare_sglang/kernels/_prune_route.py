@@ -163,6 +163,16 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   each group's, and fewer than ``topk_group`` means chosen.  Exact: the same values, maxima and
   counts, taken per group at once; the keys of groups with candidates are distinct, and a group
   without candidates adds none whether chosen or not.
+* One row of DeepSeek-V3's routing (E=256, biased, 8 groups of 32) sat in one warp: 8 software
+  sigmoids per lane and 8 picks of 8 registers each (1644 instructions at T=1 for ``none``), or, in a
+  pruned one-program call, over eight warps with 3 barriers per pick.  A one-row call now gives each
+  group a warp, a lane per expert (``route_row_by_group_warps``, ``prune_route.GROUP_WARP_ROUTING``):
+  one sigmoid per lane; a group's two best values and its own top-k are warp maxima (``REDUX``); the
+  group ranking is one [G, G] comparison across the warps; the row's top-k is taken among the groups'
+  picks (8 x 8 keys) in every warp on its own copy, as two [G, 32] halves, with warp maxima again.
+  No loop holds a barrier or a shuffle.  Exact: a group's keys are the row's keys, and the k best of
+  the row are among the k best of each chosen group, so the row's picks and their order are the
+  same; the weights are the picked sigmoids' bits, as on a warp per row.
 * ``xshare-ep``'s order inside each rank masked an [E, E] key comparison with an [E, E] group
   equality (hundreds of spilled registers at E=256).  Now the global places ``p`` come first and one
   int32 comparison of ``rank * 1024 + p`` against each expert's rank start, unsigned, counts the

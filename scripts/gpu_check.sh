@@ -17,10 +17,11 @@
 #                 calls on a tile's four warps (oea, static and co-activation moe-spec at T=1, every rule
 #                 at T=8), the other side of the A/B whose first side (one warp per row) the selection
 #                 stage times (its table goes to gpu_check.log)
-#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1 on DeepSeek-V3's router: one-row
-#                 calls routed with one warp for the row (none) or over the tile's eight warps (the
-#                 rules), the other side of the A/B whose first side (a warp per expert group) the
-#                 selection stage times (its table goes to gpu_check.log)
+#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1, 32 and 512 on DeepSeek-V3's
+#                 router: rows routed as before (one warp for the row in a one-row none, the tile's
+#                 eight warps in a one-row rule, tiles of 8 rows on a warp each in the routing kernel),
+#                 the other side of the A/B whose first side (a warp per expert group) the selection
+#                 stage times (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -176,10 +177,10 @@ if wanted warps; then
     [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"
 fi
 if wanted groups; then
-    # one row only (GROUP_WARP_ROUTING); none is timed too, as every row's baseline
-    seconds=$(box groups 3)
-    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1 --models deepseek-v3 \
-        --policies oea,moe-spec-static,xshare,xshare-threshold,xshare-ep,moe-spec,lynx,xshare-spec \
+    # GROUP_WARP_ROUTING: one-row calls and the routing kernel; none is timed too, as every row's baseline
+    seconds=$(box groups 5)
+    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1,32,512 \
+        --models deepseek-v3 --policies oea,moe-spec-static,xshare,moe-spec,lynx,xshare-spec \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/groups" "${sgl_args[@]}"
     [ -f "$work/groups/selection.md" ] && cat "$work/groups/selection.md" >>"$log"

@@ -131,25 +131,29 @@ def test_kernel_sass_block_picks_compiles_the_other_side() -> None:
     assert barriers >= 1 and shuffles >= 1 and loads == 1, pick_loops
 
 
-def test_kernel_sass_group_warps_route_one_row_without_a_barrier_per_pick() -> None:
-    """kernel_sass.py on DeepSeek-V3's router at T=1: policy ``none`` routes on a warp per expert group
-    (eight), and no loop of the kernel (the groups' picks, the row's picks among them) holds a barrier
-    or a shuffle; with --no-group-warps the row takes one warp, as before."""
+def test_kernel_sass_group_warps_route_rows_without_a_barrier_per_pick() -> None:
+    """kernel_sass.py on DeepSeek-V3's router, policy ``none``: at T=1 (one program) and T=32 (the
+    routing kernel, a program per row) each row routes on a warp per expert group (eight), and no loop
+    of the kernel (the groups' picks, the row's picks among them) holds a barrier or a shuffle; with
+    --no-group-warps a one-row call takes one warp and the routing kernel tiles of 8 rows, as before."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
     cells = {}
     for flag in ([], ["--no-group-warps"]):
         command = [sys.executable, str(ROOT / "scripts" / "kernel_sass.py"), "--models", "deepseek-v3", "--loops"]
-        command += ["--tokens", "1", "--policies", "none", *flag]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        command += ["--tokens", "1,32", "--policies", "none", *flag]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, result.stderr[-2000:]
-        select = [line for line in result.stdout.splitlines() if "| none | select |" in line]
-        assert len(select) == 1, result.stdout
-        cells[bool(flag)] = [cell.strip() for cell in select[0].split("|")]
-    warps, bodies = cells[False][-3], cells[False][-2]
-    loops = [tuple(int(n) for n in body.split("/")) for body in bodies.split()]
-    assert warps == "8" and len(loops) >= 2, cells[False]
-    assert all(barriers == 0 and shuffles == 0 for _, barriers, shuffles, _ in loops), cells[False]
-    assert cells[True][-3] == "1", cells[True]
+        for tokens, kernel in (("1", "select"), ("32", "route")):
+            rows = [line for line in result.stdout.splitlines() if f"| {tokens} | none | {kernel} |" in line]
+            assert len(rows) == 1, result.stdout
+            cells[bool(flag), tokens] = [cell.strip() for cell in rows[0].split("|")]
+    for tokens in ("1", "32"):
+        row = cells[False, tokens]
+        loops = [tuple(int(n) for n in body.split("/")) for body in row[-2].split()]
+        assert row[-3] == "8" and len(loops) >= 2, row
+        assert all(barriers == 0 and shuffles == 0 for _, barriers, shuffles, _ in loops), row
+    assert cells[False, "32"][5] == "32" and cells[True, "32"][5] == "4", cells  # programs: a row each, 8-row tiles
+    assert cells[True, "1"][-3] == "1", cells
 
 
 def test_bench_selection_topk_is_sglangs() -> None:

@@ -447,13 +447,19 @@ GROUP_WARP_ROUTERS = {
 
 
 @pytest.mark.fused_selection
-@pytest.mark.parametrize("group_warps", [True, False], ids=["warp_per_group", "off"])
-@pytest.mark.parametrize("shape", list(GROUP_WARP_ROUTERS))
-def test_one_row_of_biased_groups_routes_like_the_reference_on_a_warp_per_group(shape, group_warps, monkeypatch):
-    """``GROUP_WARP_ROUTING``: a one-row call of biased routing in groups of 32 experts routes with a
-    warp per group (each group's picks in its warp, the row's among them in every warp) on both sides
-    of the A/B: keep, ids, weights and metrics equal the reference's, with ties, non-finite logits,
-    fewer candidates than top_k, padding and a row of vote weight 0."""
+@pytest.mark.parametrize(
+    ("shape", "num_tokens", "group_warps"),
+    [(shape, 1, True) for shape in GROUP_WARP_ROUTERS]
+    + [("deepseek-v3", 1, False), ("deepseek-v3", 40, False)]
+    + [(shape, num_tokens, True) for shape in ("deepseek-v3", "2x32-top1") for num_tokens in (9, 40)],
+    ids=lambda value: {True: "warp_per_group", False: "off"}.get(value, value) if isinstance(value, bool) else None,
+)
+def test_biased_groups_route_like_the_reference_on_a_warp_per_group(shape, num_tokens, group_warps, monkeypatch):
+    """``GROUP_WARP_ROUTING``: a row of biased routing in groups of 32 experts routes with a warp per
+    group (each group's picks in its warp, the row's among them in every warp), in a one-row call and
+    in the routing kernel above one program (a program per row), on both sides of the A/B: keep, ids,
+    weights and metrics (the activated experts counted over every program) equal the reference's,
+    with ties, non-finite logits, fewer candidates than top_k, padding and rows of vote weight 0."""
     monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "GROUP_WARP_ROUTING", group_warps)
     num_experts, router = GROUP_WARP_ROUTERS[shape]
     bias = torch.randn(num_experts, generator=torch.Generator().manual_seed(num_experts)) * 0.5
@@ -463,27 +469,53 @@ def test_one_row_of_biased_groups_routes_like_the_reference_on_a_warp_per_group(
         PrunerConfig(policy="oea", k0=1),
         PrunerConfig(policy="moe-spec", max_experts=12),
     ]
-    for seed, style in enumerate(("normal", "integers", "nonfinite", "few_finite")):
-        logits = make_logits(1, num_experts, style, seed=seed)
+    styles = ("normal", "integers", "nonfinite", "few_finite") if num_tokens == 1 else ("normal", "few_finite")
+    for seed, style in enumerate(styles):
+        logits = make_logits(num_tokens, num_experts, style, seed=seed)
+        num_valid = max(0, num_tokens - 3) if seed % 2 else num_tokens
         for cfg in configs:
-            _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=1 if seed != 2 else 0)
-    for weight, cfg in itertools.product((0.0, 0.7), configs[:2]):
-        _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=1, token_weights=torch.tensor([weight]))
+            _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_valid)
+    weights = torch.rand(num_tokens, generator=torch.Generator().manual_seed(num_tokens))
+    weights[::2] = 0.0
+    for cfg in configs[:2]:
+        _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_tokens, token_weights=weights)
+
+
+def _launch_grids(num_tokens, num_experts, cfg, **kwargs) -> dict[str, tuple]:
+    """``{kernel: (grid, num_warps, GROUP_WARPS)}`` of one call's launches, captured without launching."""
+    from xshare_sglang.bench.kernel_compile import capture_launches
+
+    router, bias = _router("biased", 8, num_experts, seed=num_tokens)
+    logits = make_logits(num_tokens, num_experts, "normal", seed=num_tokens)
+    call = routing_call(logits, router, as_tensor=True, correction_bias=bias, num_valid_tokens=num_tokens, layer_id=1)
+    launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64), **kwargs)
+    return {name: (tuple(grid), kw["num_warps"], kw.get("GROUP_WARPS")) for name, (grid, _, kw) in launches.items()}
 
 
 @pytest.mark.fused_selection
-def test_only_one_row_of_biased_groups_of_32_takes_a_warp_per_group(monkeypatch) -> None:
-    """Which calls route with a warp per group (``group_warp_routing``): one row of biased groups of
-    32 experts, whatever the policy; not a taller call, truncation, filled slots, groups of another
-    size, or with the switch off (``bench_selection.py --row-group-warps``)."""
+def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeypatch) -> None:
+    """Which launches route with a warp per group (``group_warp_routing``): a one-row call of biased
+    groups of 32 experts, whatever the policy, and the routing kernel above one program (a program per
+    row); not a one-program call of several rows, truncation, filled slots, the aligned routing,
+    groups of another size, or with the switch off (``bench_selection.py --no-group-warps``)."""
     wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
     oea = PrunerConfig(policy="oea", k0=1)
     assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 8}
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
-    assert _launch_warps(2, 256, PrunerConfig()) == {"select_kernel": 2}  # a warp per row
+    assert _launch_grids(1, 256, oea)["select_kernel"] == ((1,), 8, True)
+    assert _launch_grids(2, 256, PrunerConfig()) == {"select_kernel": ((1,), 2, False)}  # a warp per row
+    assert _launch_grids(7, 256, oea) == {"select_kernel": ((1,), 8, False)}
+    assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((40,), 8, True)}
+    assert _launch_grids(40, 256, oea)["route_kernel"] == ((40,), 8, True)
+    assert _launch_grids(40, 256, oea)["select_kernel"][2] is False
+    aligned = _launch_grids(40, 256, oea, alignment=token_alignment(40, 8, 256, 16))
+    assert aligned["route_kernel"] == ((5,), 8, False)  # tiles of 8 rows on a warp per row
+    assert _launch_grids(40, 256, PrunerConfig(coverage="truncation"))["route_kernel"] == ((5,), 8, False)
+    assert _launch_grids(40, 256, PrunerConfig(), fill_dropped=True)["route_kernel"] == ((5,), 8, False)
     assert _launch_warps(1, 256, PrunerConfig(coverage="truncation")) == {"select_kernel": 1}
     assert _launch_warps(1, 256, PrunerConfig(), fill_dropped=True) == {"select_kernel": 1}
-    assert _launch_warps(1, 128, PrunerConfig()) == {"select_kernel": 1}  # 8 groups of 16
+    assert _launch_grids(1, 128, PrunerConfig()) == {"select_kernel": ((1,), 1, False)}  # 8 groups of 16
+    assert _launch_grids(40, 128, PrunerConfig()) == {"route_kernel": ((5,), 8, False)}
     plan = wrapper.plan_for(PrunerConfig(), 1, 256, 1)
     assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 8
     assert wrapper.group_warp_routing(RouterSpec(16, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 0
@@ -491,6 +523,7 @@ def test_only_one_row_of_biased_groups_of_32_takes_a_warp_per_group(monkeypatch)
     monkeypatch.setattr(wrapper, "GROUP_WARP_ROUTING", False)
     assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 1}
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
+    assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((5,), 8, False)}
 
 
 def _kept_count(logits, router, cfg, **fields) -> int:

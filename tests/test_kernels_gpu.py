@@ -165,26 +165,31 @@ def test_graph_replay_of_one_program_on_a_warp_per_row(
 
 @pytest.mark.parametrize("group_warps", [True, False], ids=["warp_per_group", "off"])
 @pytest.mark.parametrize(
-    ("policy", "dtype"),
+    ("policy", "num_tokens", "dtype"),
     [
-        ("none", torch.float32),
-        ("none", torch.bfloat16),
-        ("oea", torch.float16),
-        ("xshare", torch.bfloat16),
-        ("moe-spec", torch.float32),
-        ("moe-spec-coact", torch.bfloat16),
-        ("lynx", torch.bfloat16),
-        ("xshare-spec", torch.float32),
+        ("none", 1, torch.float32),
+        ("none", 1, torch.bfloat16),
+        ("oea", 1, torch.float16),
+        ("xshare", 1, torch.bfloat16),
+        ("moe-spec", 1, torch.float32),
+        ("moe-spec-coact", 1, torch.bfloat16),
+        ("lynx", 1, torch.bfloat16),
+        ("xshare-spec", 1, torch.float32),
+        # above one program: the routing kernel, a program per row
+        ("none", 40, torch.bfloat16),
+        ("xshare", 40, torch.float32),
+        ("lynx", 64, torch.bfloat16),
+        ("xshare-spec", 40, torch.bfloat16),
+        ("moe-spec", 512, torch.float16),
     ],
 )
-def test_graph_replay_of_one_row_on_a_warp_per_group(policy, dtype, group_warps, tmp_path, monkeypatch) -> None:
-    """A one-row call of DeepSeek-V3's router (biased, 8 groups of 32 experts) routes with a warp per
-    group, or with ``GROUP_WARP_ROUTING`` off (``bench_selection.py --no-group-warps``, the other side
-    of that A/B) as before: graph replays match the reference either way."""
-    monkeypatch.setattr(
-        importlib.import_module("xshare_sglang.kernels.prune_route"), "GROUP_WARP_ROUTING", group_warps
-    )
-    _check_replays(_config(policy, tmp_path, 256), 1, 256, dtype)
+def test_graph_replay_of_rows_on_a_warp_per_group(policy, num_tokens, dtype, group_warps, tmp_path, monkeypatch):
+    """Rows of DeepSeek-V3's router (biased, 8 groups of 32 experts) route with a warp per group, in a
+    one-row call and in the routing kernel above one program, or with ``GROUP_WARP_ROUTING`` off
+    (``bench_selection.py --no-group-warps``, the other side of that A/B) as before: graph replays
+    match the reference either way."""
+    monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "GROUP_WARP_ROUTING", group_warps)
+    _check_replays(_config(policy, tmp_path, 256), num_tokens, 256, dtype)
 
 
 @pytest.mark.skipif(

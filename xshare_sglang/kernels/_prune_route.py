@@ -164,9 +164,11 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   counts, taken per group at once; the keys of groups with candidates are distinct, and a group
   without candidates adds none whether chosen or not.
 * One row of DeepSeek-V3's routing (E=256, biased, 8 groups of 32) sat in one warp: 8 software
-  sigmoids per lane and 8 picks of 8 registers each (1644 instructions at T=1 for ``none``), or, in a
-  pruned one-program call, over eight warps with 3 barriers per pick.  A one-row call now gives each
-  group a warp, a lane per expert (``route_row_by_group_warps``, ``prune_route.GROUP_WARP_ROUTING``):
+  sigmoids per lane and 8 picks of 8 registers each (1644 instructions at T=1 for ``none``, the
+  routing kernel's tiles of 8 rows the same per warp), or, in a pruned one-program call, over eight
+  warps with 3 barriers per pick.  A one-row call, and the routing kernel above one program with a
+  program per row, now give each group a warp, a lane per expert (``route_row_by_group_warps``,
+  ``prune_route.GROUP_WARP_ROUTING``):
   one sigmoid per lane; a group's two best values and its own top-k are warp maxima (``REDUX``); the
   group ranking is one [G, G] comparison across the warps; the row's top-k is taken among the groups'
   picks (8 x 8 keys) in every warp on its own copy, as two [G, 32] halves, with warp maxima again.

@@ -81,11 +81,13 @@ WARP_PICKS_MAX_EXPERTS = 128
 #: co-activation ranking to 1 instead of 35 (1037 -> 1295, the same pick loop).  Not timed yet:
 #: ``bench_selection.py --tile-warps`` sets it False, the other side of that A/B.
 ONE_PROGRAM_ROW_WARPS = True
-#: A one-program call of one row in biased grouped routing whose groups are 32 experts each
-#: (DeepSeek-V3: E=256 in 8 groups) routes with a warp per group (``_prune_route.
-#: route_row_by_group_warps``) instead of one warp for the row (policy ``none``) or a row spread over
-#: a tile's eight warps (every other policy).  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``):
-#: see docs/kernel-sass.md, "Fourteenth pass".  Not timed yet: ``bench_selection.py --row-group-warps``
+#: Rows of biased grouped routing whose groups are 32 experts each (DeepSeek-V3: E=256 in 8 groups)
+#: route with a warp per group (``_prune_route.route_row_by_group_warps``, :func:`group_warp_routing`):
+#: a one-program call of one row, instead of one warp for the row (policy ``none``) or the row over a
+#: tile's eight warps with block-wide picks (every other policy); and the routing kernel above one
+#: program, a program per row instead of tiles of 8 rows on a warp each.  Compiled for sm_90 (Triton
+#: 3.6, ``kernel_sass.py``): half the routing's serial instructions, no barrier per pick
+#: (docs/kernel-sass.md, "Fourteenth pass").  Not timed yet: ``bench_selection.py --no-group-warps``
 #: sets it False, the other side of that A/B.
 GROUP_WARP_ROUTING = True
 GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
@@ -183,16 +185,22 @@ def is_light_rule(policy_args: dict) -> bool:
     return ONE_PROGRAM_ROW_WARPS and policy_args["mode"] in ("MODE_WARM", "MODE_STATIC", "MODE_COACT")
 
 
-def group_warp_routing(router, num_experts: int, plan: LaunchPlan, has_bias: bool, truncation: bool, fill: bool) -> int:
-    """Warps of a one-program call whose one row routes with a warp per expert group
-    (:data:`GROUP_WARP_ROUTING`), or 0 when it does not.
+def group_warp_routing(
+    router, num_experts: int, plan: LaunchPlan, has_bias: bool, truncation: bool, fill: bool, align: bool = False
+) -> int:
+    """Warps of a program that routes one row with a warp per expert group (:data:`GROUP_WARP_ROUTING`),
+    or 0 when the call does not route that way: a one-program call of one row, or, above one program,
+    the routing kernel, which then runs a program per row (not when it also aligns the slots, whose
+    scratch counts tiles of :func:`tile_rows`).
 
     Biased sigmoid routing (DeepSeek-V3's) whose groups split E into a power of two of groups of
     :data:`GROUP_WARP_SIZE` experts, at most 8 (a warp each), without truncation or filled slots (which
     read the whole row's picks), and where the groups' picks fit two copies of 32 lanes per warp
     (``groups x top_k``, top-k to a power of two, at most 64)."""
     num_groups = router.num_expert_group
-    if not (GROUP_WARP_ROUTING and plan.single and plan.route_rows == 1 and num_groups > 1):
+    if not (GROUP_WARP_ROUTING and num_groups > 1):
+        return 0
+    if (plan.route_rows != 1) if plan.single else align:
         return 0
     if not (has_bias and router.scoring == "sigmoid") or truncation or fill:
         return 0
@@ -597,7 +605,9 @@ def _launch_kernels(
     correction_bias = call.correction_bias
     has_bias = correction_bias is not None
     block_e = plan.block_experts
-    group_warps = group_warp_routing(router, num_experts, plan, has_bias, cfg.coverage == "truncation", fill_dropped)
+    group_warps = group_warp_routing(
+        router, num_experts, plan, has_bias, cfg.coverage == "truncation", fill_dropped, alignment is not None
+    )
     common = dict(
         HAS_NV_PTR=nv_tensor,
         HAS_WEIGHTS=has_weights,
@@ -621,7 +631,7 @@ def _launch_kernels(
             cfg.policy,
             alignment is not None,
             light_rule=is_light_rule(policy),
-            group_warps=group_warps,
+            group_warps=group_warps if plan.single else 0,
         ),
         enable_fp_fusion=False,
         # each launch waits for the kernel before it (griddepcontrol.wait) before touching memory
@@ -703,18 +713,20 @@ def _launch_kernels(
         else:
             pairs.zero_()
     if route and not plan.single:
+        # a program per row on a warp per expert group, or a tile of rows on a warp per row
+        route_grid = (num_tokens,) if group_warps else (plan.route_programs,)
         route_args = dict(
             HAS_METRICS=has_metrics,
-            CHUNK_T=plan.route_rows,
+            CHUNK_T=1 if group_warps else plan.route_rows,
             KEY_SHIFT=route_key_shift,
-            ROW_WARPS=route_warps(block_e, plan) == plan.route_rows,
-            GROUP_WARPS=False,
+            ROW_WARPS=not group_warps and route_warps(block_e, plan) == plan.route_rows,
+            GROUP_WARPS=group_warps > 0,
             **align_kw,
-            **(common | dict(num_warps=route_warps(block_e, plan))),
+            **(common | dict(num_warps=group_warps or route_warps(block_e, plan))),
         )
         route_inputs = (*rows, *routing, keep, ws.visits, ws.tickets[1:], metrics, *aligned)
     if route_only:
-        jit.route_kernel[(plan.route_programs,)](*route_inputs, ALL_KEPT=True, **route_args)
+        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=True, **route_args)
         return
     jit.select_kernel[(plan.num_parts,)](
         *rows,
@@ -779,7 +791,7 @@ def _launch_kernels(
         ALIGN_B=align_kw["ALIGN_B"],
         BLOCK_M=align_kw["BLOCK_M"],
         ROW_WARPS=common["num_warps"] == plan.route_rows,
-        GROUP_WARPS=group_warps > 0,
+        GROUP_WARPS=group_warps > 0 and plan.single,
         WARPS=common["num_warps"],
         WARP_PICKS=warp_picks(policy["mode"], block_e),
         # let this call's next kernel (routing or LYNX picks) launch early and wait on the device
@@ -820,7 +832,7 @@ def _launch_kernels(
             launch_pdl=enable_pdl,
         )
     if route and not plan.single:
-        jit.route_kernel[(plan.route_programs,)](*route_inputs, ALL_KEPT=False, **route_args)
+        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=False, **route_args)
 
 
 def prune_route(

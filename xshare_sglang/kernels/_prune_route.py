@@ -422,6 +422,23 @@ def num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR: tl.conste
 
 
 @triton.jit
+def sanitize_logits(x):
+    """Logits as float32 the kernels compare: NaN -> -inf, +inf -> the largest float32, -0 -> +0."""
+    x = x.to(tl.float32)
+    x = tl.where(x != x, float("-inf"), x)
+    return tl.where(x == float("inf"), FP32_MAX, x) + 0.0
+
+
+@triton.jit
+def load_bias(bias_ptr, e, e_ok):
+    """The correction bias of experts ``e`` (0 outside ``e_ok``), float32: NaN -> 0, infinities -> the
+    float32 extremes."""
+    bias = tl.load(bias_ptr + e, mask=e_ok, other=0.0).to(tl.float32)
+    bias = tl.where(bias != bias, 0.0, bias)
+    return tl.minimum(tl.maximum(bias, -3.4028234663852886e38), FP32_MAX)
+
+
+@triton.jit
 def load_rows(
     logits_ptr,
     stride_t,
@@ -449,9 +466,7 @@ def load_rows(
     else:
         wq = tl.zeros(rows.shape, tl.int64) + (1 << 24)
     ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_t + e[None, :] * stride_e
-    x = tl.load(ptrs, mask=row_ok[:, None] & e_ok[None, :], other=float("-inf")).to(tl.float32)
-    x = tl.where(x != x, float("-inf"), x)
-    x = tl.where(x == float("inf"), FP32_MAX, x) + 0.0
+    x = sanitize_logits(tl.load(ptrs, mask=row_ok[:, None] & e_ok[None, :], other=float("-inf")))
     return x, row_ok, wq
 
 
@@ -793,13 +808,9 @@ def route_row_by_group_warps(
         w = tl.load(weights_ptr + row, mask=row_ok, other=0.0).to(tl.float32)
         row_ok = row_ok & (w == w) & (w > 0)  # as load_rows: a row of vote weight 0 is not routed
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_t + e2 * stride_e, mask=row_ok, other=float("-inf"))
-    x = x.to(tl.float32)
-    x = tl.where(x != x, float("-inf"), x)
-    x = tl.where(x == float("inf"), FP32_MAX, x) + 0.0
+    x = sanitize_logits(x)
     candidates = (x > float("-inf")) & (tl.reshape(keep, [BLOCK_G, GROUP_SIZE]) != 0)
-    bias = tl.load(bias_ptr + e2).to(tl.float32)
-    bias = tl.where(bias != bias, 0.0, bias)
-    bias = tl.minimum(tl.maximum(bias, -3.4028234663852886e38), FP32_MAX)
+    bias = load_bias(bias_ptr, e2, e2 >= 0)
     score_bits = sigmoid32(x).to(tl.int32, bitcast=True)  # a sigmoid's bits order as its value
     key = pack_key(score_bits.to(tl.float32, bitcast=True) + bias, e2, candidates, 0)
     # the int64 keys as (value bits, inverted index) halves: each maximum is two int32 warp maxima
@@ -949,9 +960,7 @@ def route_block(
     else:
         candidates = finite & keep[None, :]
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + e, mask=e_ok, other=0.0).to(tl.float32)
-        bias = tl.where(bias != bias, 0.0, bias)
-        bias = tl.minimum(tl.maximum(bias, -3.4028234663852886e38), FP32_MAX)
+        bias = load_bias(bias_ptr, e, e_ok)
         score = sigmoid32(x)
         value = score + bias[None, :]
         # a sigmoid is >= 0, so its bits as an int32 order as its value: on a warp per row each pick's

@@ -14,6 +14,7 @@ from tests.test_sglang_context import NUM_EXPERTS, _init, _model, _runner, _topk
 from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.replay import BatchShape, build_batches, load_trace, replay_table, token_table
 from xshare_sglang.replay.trace import TraceMeta
+from xshare_sglang.sglang_plugin import trace_recorder
 from xshare_sglang.sglang_plugin.flags import add_flags, settings_from_args
 from xshare_sglang.sglang_plugin.settings import ENV_VAR, PluginSettings
 from xshare_sglang.sglang_plugin.trace_recorder import TraceRecorder
@@ -65,6 +66,9 @@ def test_server_records_unpruned_logits_of_sampled_forwards(plugin_env, monkeypa
     (before the mask, in their own dtype), the keep mask the pruner applied (none when it did not
     prune), the request of each row, and verify rows repeated D times."""
     monkeypatch.setenv(ENV_VAR, json.dumps({**policy, "trace_dir": str(tmp_path), "trace_every": 2}))
+    # the whole recording in the one file flush() writes: on a loaded machine (CI's two workers) two
+    # forwards here were once more than the writer's idle flush apart, and it wrote a file between them
+    monkeypatch.setattr(trace_recorder, "IDLE_FLUSH_S", 600.0)
     configs = [_topk_config(), _topk_config()]
     runner = _runner(_model(*configs))
     runtime = _init(runner)

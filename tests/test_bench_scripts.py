@@ -107,20 +107,30 @@ def test_bench_selection_with_block_picks(tmp_path) -> None:
     )
 
 
+def _kernel_sass_rows(model: str, tokens: str, policies: str, *flags: str) -> dict[tuple[str, str, str], list[str]]:
+    """kernel_sass.py --loops compiled with the installed Triton: ``{(T, policy, kernel): cells}``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "scripts" / "kernel_sass.py"), "--models", model, "--loops"]
+    command += ["--tokens", tokens, "--policies", policies, *flags]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [[cell.strip() for cell in line.split("|")] for line in result.stdout.splitlines()]
+    return {(cells[2], cells[3], cells[4]): cells for cells in rows if len(cells) > 5 and cells[1] == model}
+
+
+def _loop_bodies(cells: list[str]) -> list[tuple[int, ...]]:
+    """A kernel_sass row's loop bodies: (instructions, BAR, SHFL, global loads) of each loop."""
+    return [tuple(int(n) for n in body.split("/")) for body in cells[-2].split()]
+
+
 def test_kernel_sass_block_picks_compiles_the_other_side() -> None:
     """kernel_sass.py --block-picks compiles the calibrated rankings' picks block-wide: the pick loop of
     the co-activation ranking has no barrier and no shuffle by default (every warp picks on its own
     copy), under whichever Triton is installed (CI: SGLang's 3.8), and has both with the flag."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
     pick_loops = {}
     for flag in ([], ["--block-picks"]):
-        command = [sys.executable, str(ROOT / "scripts" / "kernel_sass.py"), "--models", "qwen3-30b-a3b", "--loops"]
-        command += ["--tokens", "32", "--policies", "moe-spec-coact", *flag]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-2000:]
-        select = [line for line in result.stdout.splitlines() if "| moe-spec-coact | select |" in line]
-        assert len(select) == 1, result.stdout
-        bodies = [tuple(int(n) for n in body.split("/")) for body in select[0].split("|")[-2].split()]
+        rows = _kernel_sass_rows("qwen3-30b-a3b", "32", "moe-spec-coact", *flag)
+        bodies = _loop_bodies(rows["32", "moe-spec-coact", "select"])
         # the pick loop: the shortest loop that loads (the row tiles' loops hold about 1000 instructions;
         # Triton 3.8 also reports loops around the pick loop, longer still)
         pick_loops[bool(flag)] = min((body for body in bodies if body[3] >= 1), key=lambda body: body[0])
@@ -136,20 +146,13 @@ def test_kernel_sass_group_warps_route_rows_without_a_barrier_per_pick() -> None
     routing kernel, a program per row) each row routes on a warp per expert group (eight), and no loop
     of the kernel (the groups' picks, the row's picks among them) holds a barrier or a shuffle; with
     --no-group-warps a one-row call takes one warp and the routing kernel tiles of 8 rows, as before."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
     cells = {}
     for flag in ([], ["--no-group-warps"]):
-        command = [sys.executable, str(ROOT / "scripts" / "kernel_sass.py"), "--models", "deepseek-v3", "--loops"]
-        command += ["--tokens", "1,32", "--policies", "none", *flag]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, result.stderr[-2000:]
-        for tokens, kernel in (("1", "select"), ("32", "route")):
-            rows = [line for line in result.stdout.splitlines() if f"| {tokens} | none | {kernel} |" in line]
-            assert len(rows) == 1, result.stdout
-            cells[bool(flag), tokens] = [cell.strip() for cell in rows[0].split("|")]
+        rows = _kernel_sass_rows("deepseek-v3", "1,32", "none", *flag)
+        cells[bool(flag), "1"], cells[bool(flag), "32"] = rows["1", "none", "select"], rows["32", "none", "route"]
     for tokens in ("1", "32"):
         row = cells[False, tokens]
-        loops = [tuple(int(n) for n in body.split("/")) for body in row[-2].split()]
+        loops = _loop_bodies(row)
         assert row[-3] == "8" and len(loops) >= 2, row
         assert all(barriers == 0 and shuffles == 0 for _, barriers, shuffles, _ in loops), row
     assert cells[False, "32"][5] == "32" and cells[True, "32"][5] == "4", cells  # programs: a row each, 8-row tiles

@@ -763,6 +763,29 @@ def biased_group_key(high1, high2, count, g):
 
 # --------------------------------------------------------------------------- phase C: routing
 @triton.jit
+def biased_groups_key(high, count, g, AXIS: tl.constexpr):
+    """:func:`biased_group_key` of every group, from the ordered bits (int32) of its candidates'
+    values (``MIN_KEY32`` elsewhere) laid along ``AXIS``, the last: the best, the count of its ties and
+    the best below it, as int32 maxima (a tie at the top makes the second best the best again)."""
+    high1 = tl.max(high, axis=AXIS)
+    ties = tl.sum((high == tl.expand_dims(high1, AXIS)).to(tl.int32), axis=AXIS)
+    below = tl.max(tl.where(high < tl.expand_dims(high1, AXIS), high, MIN_KEY32), axis=AXIS)
+    return biased_group_key(high1, tl.where(ties >= 2, high1, below), count, g)
+
+
+@triton.jit
+def half_key_pick(high, low):
+    """One pick per row of [rows, n] int64 keys held as halves: ``high`` their value bits (int32,
+    ``MIN_KEY32`` where taken or not a candidate), ``low`` their inverted index (distinct in a row).
+    Two int32 maxima (one ``REDUX`` each when a row is in one warp); returns the picked key
+    (``MIN_KEY`` when none is left) and its index half, [rows] each."""
+    best_high = tl.max(high, axis=1)
+    best_low = tl.max(tl.where(high == best_high[:, None], low, -1), axis=1)
+    best = tl.where(best_high > MIN_KEY32, (best_high.to(tl.int64) << ID_BITS) | best_low, MIN_KEY)
+    return best, best_low
+
+
+@triton.jit
 def route_row_by_group_warps(
     logits_ptr,
     stride_t,
@@ -817,11 +840,7 @@ def route_row_by_group_warps(
     high = tl.where(candidates, (key >> ID_BITS).to(tl.int32), MIN_KEY32)
     low = (key & ID_MASK).to(tl.int32)
     # rank the groups (group_order_key): each group's two best values and its candidates, in its warp
-    high1 = tl.max(high, axis=1)
-    ties = tl.sum((high == high1[:, None]).to(tl.int32), axis=1)
-    below = tl.max(tl.where(high < high1[:, None], high, MIN_KEY32), axis=1)
-    count = tl.sum(candidates.to(tl.int32), axis=1)
-    group_key = biased_group_key(high1, tl.where(ties >= 2, high1, below), count, g)
+    group_key = biased_groups_key(high, tl.sum(candidates.to(tl.int32), axis=1), g, 1)
     above = tl.sum((group_key[None, :] > group_key[:, None]).to(tl.int32), axis=1)
     chosen = (above < topk_group)[:, None]
     high = tl.where(chosen, high, MIN_KEY32)
@@ -830,10 +849,8 @@ def route_row_by_group_warps(
     group_keys = tl.zeros([BLOCK_G, BLOCK_K], tl.int64) + MIN_KEY
     group_bits = tl.zeros([BLOCK_G, BLOCK_K], tl.int32)
     for i in range(0, top_k):
-        best_high = tl.max(high, axis=1)
-        best_low = tl.max(tl.where(high == best_high[:, None], low, -1), axis=1)
+        best, best_low = half_key_pick(high, low)
         bits = tl.max(tl.where(low == best_low[:, None], score_bits, 0), axis=1)
-        best = tl.where(best_high > MIN_KEY32, (best_high.to(tl.int64) << ID_BITS) | best_low, MIN_KEY)
         group_keys = tl.where(slot[None, :] == i, best[:, None], group_keys)
         group_bits = tl.where(slot[None, :] == i, bits[:, None], group_bits)
         high = tl.where(low == best_low[:, None], MIN_KEY32, high)
@@ -983,11 +1000,7 @@ def route_block(
                 # the two best values of each group from the int64 keys' value halves, as int32
                 # maxima: the second best is the best again when two candidates share that value
                 high3 = tl.where(cand3, (key3 >> ID_BITS).to(tl.int32), MIN_KEY32)
-                high1 = tl.max(high3, axis=2)
-                ties = tl.sum((high3 == high1[:, :, None]).to(tl.int32), axis=2)
-                below = tl.max(tl.where(high3 < high1[:, :, None], high3, MIN_KEY32), axis=2)
-                high2 = tl.where(ties >= 2, high1, below)
-                group_key = biased_group_key(high1, high2, count, g_col[None, :])
+                group_key = biased_groups_key(high3, count, g_col[None, :], 2)
             else:
                 k1 = tl.max(tl.where(cand3, key3, lowest), axis=2)
                 group_key = group_order_key(k1, k1, count, g_col[None, :], HAS_BIAS, KEY_SHIFT)
@@ -1032,9 +1045,7 @@ def route_block(
         high = tl.where(key > lowest, (key >> ID_BITS).to(tl.int32), MIN_KEY32)
         low = (key & ID_MASK).to(tl.int32)
         for i in range(0, top_k):
-            best_high = tl.max(high, axis=1)
-            best_low = tl.max(tl.where(high == best_high[:, None], low, -1), axis=1)
-            best = tl.where(best_high > MIN_KEY32, (best_high.to(tl.int64) << ID_BITS) | best_low, lowest)
+            best, best_low = half_key_pick(high, low)  # lowest is MIN_KEY (int64 keys)
             pick_key = tl.where(slot[None, :] == i, best[:, None], pick_key)
             if HAS_BIAS:
                 bits = tl.max(tl.where(low == best_low[:, None], score_bits, 0), axis=1)

@@ -443,8 +443,8 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"calls over {meta['rotate']} rotated inputs. sel = prune_route {meta['metrics']}; "
         f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
         "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
-        f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call on <= 128 experts (5-8 "
-        f"rows; up to 4, oea, static and co-activation moe-spec): {meta['one_program_warps']}; one-row calls of "
+        f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call of up to 4 rows on <= 128 "
+        f"experts (oea, static and co-activation moe-spec): {meta['one_program_warps']}; rows of "
         f"biased groups of 32 experts: {meta.get('group_warps', 'a warp per row')}.",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
@@ -496,15 +496,16 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="run one-program calls on at most 128 experts (5 to 8 rows; up to 4, oea and the static and "
+        help="run one-program calls of up to 4 rows on at most 128 experts (oea and the static and "
         "co-activation rankings) on a tile's four warps instead of one warp per row "
         "(kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): the other side of its A/B",
     )
     parser.add_argument(
         "--no-group-warps",
         action="store_true",
-        help="route one-row calls of biased groups of 32 experts (DeepSeek-V3 at T=1) with one warp for the "
-        "row (policy none) or over the tile's eight warps (the rules) instead of a warp per group "
+        help="route rows of biased groups of 32 experts (DeepSeek-V3 at T=1, and in the routing kernel up to "
+        "256 rows) as before: one warp for a one-row none, the tile's eight warps for a rule's row, tiles of "
+        "8 rows on a warp each in the routing kernel, instead of a warp per group "
         "(kernels.prune_route.GROUP_WARP_ROUTING = False): the other side of its A/B",
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
@@ -582,7 +583,9 @@ def main() -> int:
         "metrics": "WITHOUT metrics (--no-metrics)" if args.no_metrics else "with the serving plugin's metrics row",
         "picks": "block-wide (--block-picks)" if args.block_picks else "calibrated rankings' picks in every warp",
         "one_program_warps": "a tile's four (--tile-warps)" if args.tile_warps else "one per row",
-        "group_warps": "off (--no-group-warps)" if args.no_group_warps else "a warp per expert group in one-row calls",
+        "group_warps": "off (--no-group-warps)"
+        if args.no_group_warps
+        else "a warp per expert group (one-row calls; routing kernel to 256 rows)",
     }
     args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
     bench_args = args

@@ -13,11 +13,11 @@
 #   2c. picks     scripts/bench_selection.py --block-picks for the two calibrated rankings: their greedy
 #                 picks block-wide, the other side of the A/B whose first side (the picks in every warp)
 #                 the selection stage times (its table goes to gpu_check.log)
-#   2d. warps     scripts/bench_selection.py --tile-warps at T=1 and 8 on the E=128 routers: one-program
-#                 calls on a tile's four warps (oea, static and co-activation moe-spec at T=1, every rule
-#                 at T=8), the other side of the A/B whose first side (one warp per row) the selection
-#                 stage times (its table goes to gpu_check.log)
-#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1, 32 and 512 on DeepSeek-V3's
+#   2d. warps     scripts/bench_selection.py --tile-warps at T=1 and 2 on the E=128 routers: one-program
+#                 calls of oea, static and co-activation moe-spec on a tile's four warps, the other side
+#                 of the A/B whose first side (one warp per row) the selection stage times (its table
+#                 goes to gpu_check.log)
+#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1, 32 and 256 on DeepSeek-V3's
 #                 router: rows routed as before (one warp for the row in a one-row none, the tile's
 #                 eight warps in a one-row rule, tiles of 8 rows on a warp each in the routing kernel),
 #                 the other side of the A/B whose first side (a warp per expert group) the selection
@@ -165,13 +165,11 @@ if wanted picks; then
     [ -f "$work/picks/selection.md" ] && cat "$work/picks/selection.md" >>"$log"
 fi
 if wanted warps; then
-    # the T where it matters: 1 for the light rules (oea, static moe-spec), 8 for every rule (5-8 rows
-    # read one 8-row tile); above 128 experts a tile has eight warps already. The per-request rules
-    # and the coverage ranking are not concerned (a program per request; two programs from 5 rows)
+    # the T where it matters: 1 and 2 for the three rules concerned (at T=4 four warps either way;
+    # above 128 experts a tile has eight warps already)
     seconds=$(box warps 5)
-    stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 1,8 \
-        --models qwen3-30b-a3b,gpt-oss-120b \
-        --policies oea,moe-spec-static,xshare,xshare-threshold,xshare-ep,moe-spec,moe-spec-coact,lynx \
+    stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 1,2 \
+        --models qwen3-30b-a3b,gpt-oss-120b --policies oea,moe-spec-static,moe-spec-coact \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/warps" "${sgl_args[@]}"
     [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"
@@ -179,7 +177,7 @@ fi
 if wanted groups; then
     # GROUP_WARP_ROUTING: one-row calls and the routing kernel; none is timed too, as every row's baseline
     seconds=$(box groups 5)
-    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1,32,512 \
+    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1,32,256 \
         --models deepseek-v3 --policies oea,moe-spec-static,xshare,moe-spec,lynx,xshare-spec \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/groups" "${sgl_args[@]}"

@@ -186,14 +186,15 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="compile one-program calls on at most 128 experts (5 to 8 rows; up to 4, oea and the static "
-        "and co-activation rankings) on a tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one "
+        help="compile one-program calls of up to 4 rows on at most 128 experts (oea and the static and "
+        "co-activation rankings) on a tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one "
         "warp per row, the other side of its A/B",
     )
     parser.add_argument(
         "--no-group-warps",
         action="store_true",
-        help="compile one-row calls of biased groups of 32 experts without a warp per group "
+        help="compile rows of biased groups of 32 experts (one-row calls, the routing kernel to 256 rows) "
+        "without a warp per group "
         "(GROUP_WARP_ROUTING = False), the other side of its A/B",
     )
     parser.add_argument(

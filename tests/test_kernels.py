@@ -495,8 +495,8 @@ def _launch_grids(num_tokens, num_experts, cfg, **kwargs) -> dict[str, tuple]:
 @pytest.mark.fused_selection
 def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeypatch) -> None:
     """Which launches route with a warp per group (``group_warp_routing``): a one-row call of biased
-    groups of 32 experts, whatever the policy, and the routing kernel above one program (a program per
-    row); not a one-program call of several rows, truncation, filled slots, the aligned routing,
+    groups of 32 experts, whatever the policy, and the routing kernel above one program up to 256 rows
+    (a program per row); not a one-program call of several rows, truncation, filled slots, the aligned routing,
     groups of another size, or with the switch off (``bench_selection.py --no-group-warps``)."""
     wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
     oea = PrunerConfig(policy="oea", k0=1)
@@ -507,6 +507,10 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert _launch_grids(7, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((40,), 8, True)}
     assert _launch_grids(40, 256, oea)["route_kernel"] == ((40,), 8, True)
+    # up to GROUP_WARP_MAX_ROWS rows: a program per row; above, tiles of 8 rows on a warp each
+    assert _launch_grids(256, 256, PrunerConfig()) == {"route_kernel": ((256,), 8, True)}
+    assert _launch_grids(257, 256, PrunerConfig()) == {"route_kernel": ((33,), 8, False)}
+    assert _launch_grids(512, 256, oea)["route_kernel"] == ((64,), 8, False)
     assert _launch_grids(40, 256, oea)["select_kernel"][2] is False
     aligned = _launch_grids(40, 256, oea, alignment=token_alignment(40, 8, 256, 16))
     assert aligned["route_kernel"] == ((5,), 8, False)  # tiles of 8 rows on a warp per row
@@ -732,21 +736,21 @@ def _static_ranking(tmp_path, num_experts: int, max_experts: int = 20, coactivat
 
 @pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
 def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path, monkeypatch) -> None:
-    """``ONE_PROGRAM_ROW_WARPS``: on at most 128 experts, a one-program call whose tile is taller than
-    four rows runs on one warp per row (eight), and so do ``oea``, static moe-spec and the
-    co-activation ranking up to four rows (light rules, as xshare whose budget takes every candidate
-    always was); with it off
-    (``bench_selection.py --tile-warps``) they run on a tile's four.  A rule with an order or a cap,
-    several programs, E=256 and the aligned path are not concerned."""
+    """``ONE_PROGRAM_ROW_WARPS``: on at most 128 experts, ``oea``, static moe-spec and the
+    co-activation ranking run on one warp per row up to four rows (light rules, as xshare whose
+    budget takes every candidate always was); with it off (``bench_selection.py --tile-warps``) on a
+    tile's four.  A one-program call of 5 to 8 rows runs any rule on a tile's four warps either way
+    (eight, one per row, lost on an H200).  A rule with an order or a cap, several programs, E=256
+    and the aligned path are not concerned."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
     )
     xshare, oea = PrunerConfig(policy="xshare", k0=1, budget=16), PrunerConfig(policy="oea", k0=1)
     static = _static_ranking(tmp_path, 128)
-    tall = 8 if row_warps else 4
-    assert _launch_warps(8, 128, xshare) == {"select_kernel": tall}
-    assert _launch_warps(5, 64, oea) == {"select_kernel": tall}
-    assert _launch_warps(7, 60, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": tall}
+    assert _launch_warps(8, 128, xshare) == {"select_kernel": 4}
+    assert _launch_warps(5, 64, oea) == {"select_kernel": 4}
+    assert _launch_warps(7, 60, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": 4}
+    assert _launch_warps(8, 128, PrunerConfig()) == {"select_kernel": 8}  # none: a warp per row
     # light rules up to four rows: oea, static and co-activation moe-spec only with the flag, xshare always
     assert _launch_warps(1, 128, oea) == {"select_kernel": 1 if row_warps else 4}
     assert _launch_warps(2, 128, static) == {"select_kernel": 2 if row_warps else 4}
@@ -766,15 +770,11 @@ def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path
 
 
 @pytest.mark.fused_selection
-@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
 @pytest.mark.parametrize("routing", ["biased", "softmax"])
 @pytest.mark.parametrize("policy", ["oea", "xshare", "xshare-threshold", "xshare-ep", "moe-spec", "lynx"])
-def test_one_program_of_seven_rows_matches_the_reference_on_either_warps(policy, routing, row_warps, monkeypatch):
-    """Both sides of the ``ONE_PROGRAM_ROW_WARPS`` A/B at T=7 (the routing's warp-wide picks of float32
-    keys and of biased rows are separate code): keep, ids, weights and metrics equal the reference's."""
-    monkeypatch.setattr(
-        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
-    )
+def test_one_program_of_seven_rows_matches_the_reference(policy, routing):
+    """A one-program call of 7 rows on a tile's four warps (float32 keys and biased rows route through
+    separate code): keep, ids, weights and metrics equal the reference's."""
     seed = 70 + len(policy)
     case = _random_case(policy, 7, 128, seed)
     router, bias = _router(routing, 8, 128, seed)

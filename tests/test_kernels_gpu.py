@@ -138,21 +138,15 @@ def test_graph_replay_of_the_calibrated_picks(
         ("oea", 1, 128, torch.bfloat16),  # a light rule on one warp
         ("moe-spec-static", 2, 128, torch.float16),  # on two
         ("moe-spec-coact", 1, 128, torch.bfloat16),
-        ("xshare", 8, 128, torch.bfloat16),
-        ("oea", 5, 128, torch.float32),
-        ("xshare-threshold", 8, 64, torch.float16),
-        ("xshare-ep", 8, 128, torch.bfloat16),
-        ("moe-spec", 7, 128, torch.bfloat16),
-        ("moe-spec-coact", 8, 128, torch.bfloat16),
-        ("lynx", 8, 128, torch.float32),
+        ("oea", 4, 64, torch.float32),  # on four: as many as a tile's
+        ("moe-spec-static", 3, 60, torch.float16),
     ],
 )
 def test_graph_replay_of_one_program_on_a_warp_per_row(
     policy, num_tokens, num_experts, dtype, row_warps, tmp_path, monkeypatch
 ) -> None:
-    """A one-program call of 5 to 8 rows on at most 128 experts runs on one warp per row (eight), and
-    ``oea``, static moe-spec and the co-activation ranking up to four rows too, or on a tile's four
-    with ``ONE_PROGRAM_ROW_WARPS`` off (``bench_selection.py --tile-warps``, the other side of that
+    """``oea``, static moe-spec and the co-activation ranking on at most 128 experts run one-program
+    calls of up to four rows on one warp per row, or on a tile's four with ``ONE_PROGRAM_ROW_WARPS`` off (``bench_selection.py --tile-warps``, the other side of that
     A/B): graph replays match the reference either way."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
@@ -180,7 +174,8 @@ def test_graph_replay_of_one_program_on_a_warp_per_row(
         ("xshare", 40, torch.float32),
         ("lynx", 64, torch.bfloat16),
         ("xshare-spec", 40, torch.bfloat16),
-        ("moe-spec", 512, torch.float16),
+        ("moe-spec", 256, torch.float16),  # the most rows that take a program each
+        ("oea", 257, torch.bfloat16),  # tiles of 8 rows either way
     ],
 )
 def test_graph_replay_of_rows_on_a_warp_per_group(policy, num_tokens, dtype, group_warps, tmp_path, monkeypatch):

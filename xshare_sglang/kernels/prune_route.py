@@ -69,28 +69,31 @@ MAX_KEYED_COACT_TOKENS = 4096
 #: and 40.6 at T=8).  ``bench_selection.py --block-picks`` sets it to 0, the block-wide side of that
 #: A/B.
 WARP_PICKS_MAX_EXPERTS = 128
-#: One warp per row in two more kinds of one-program calls on at most 128 experts (see
-#: :func:`kernel_warps`): a tile taller than a tile's four warps (T = 5 to 8), eight warps for any
-#: rule; and up to four rows, ``oea``, static moe-spec and the co-activation ranking, whose rules run
-#: no order, join the light rules.  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``): at T=8 on
-#: E=128 each warp issues 30-43% fewer instructions for every rule, with as many barriers (xshare
-#: 3285 -> 1876, its 12 spilled bytes gone; ``oea`` 2379 -> 1427; moe-spec 2754 -> 1645), and its
-#: routing takes each pick with one ``REDUX``; at T=1 ``oea`` compiles to 1 barrier instead of 24
-#: (727 -> 1045 instructions), static moe-spec to 1 instead of 21 (694 -> 983), the profile of
-#: xshare's light rule that took 1.2-1.3 us over ``none`` at T=1 on an H200 (040baec), and the
-#: co-activation ranking to 1 instead of 35 (1037 -> 1295, the same pick loop).  Not timed yet:
-#: ``bench_selection.py --tile-warps`` sets it False, the other side of that A/B.
+#: One warp per row in more one-program calls on at most 128 experts (see :func:`kernel_warps`): up to
+#: four rows, ``oea``, static moe-spec and the co-activation ranking, whose rules run no order, join
+#: the light rules.  On an H200 (dd6694a, docs/bench_selection.md) that took 0.8-1.4 us off these
+#: three at T = 1 and 2 on Qwen3-30B-A3B (``oea`` 4.6 against 6.0 us at T=2) and was even at T=4.  The
+#: same switch once also gave every rule eight warps, one per row, at T = 5 to 8: that lost 0.4-2.2 us
+#: at T=8 on both E=128 routers (xshare 10.8 against 9.7, lynx 13.4 against 11.5 on Qwen3-30B-A3B) and
+#: is gone; a rule there runs on a tile's four warps.  ``bench_selection.py --tile-warps`` sets it
+#: False, the other side of the A/B.
 ONE_PROGRAM_ROW_WARPS = True
 #: Rows of biased grouped routing whose groups are 32 experts each (DeepSeek-V3: E=256 in 8 groups)
 #: route with a warp per group (``_prune_route.route_row_by_group_warps``, :func:`group_warp_routing`):
 #: a one-program call of one row, instead of one warp for the row (policy ``none``) or the row over a
 #: tile's eight warps with block-wide picks (every other policy); and the routing kernel above one
-#: program, a program per row instead of tiles of 8 rows on a warp each.  Compiled for sm_90 (Triton
-#: 3.6, ``kernel_sass.py``): half the routing's serial instructions, no barrier per pick
-#: (docs/kernel-sass.md, "Fourteenth pass").  Not timed yet: ``bench_selection.py --no-group-warps``
-#: sets it False, the other side of that A/B.
+#: program, a program per row instead of tiles of 8 rows on a warp each, up to
+#: :data:`GROUP_WARP_MAX_ROWS` rows.  Compiled for sm_90 (Triton 3.6, ``kernel_sass.py``): half the
+#: routing's serial instructions, no barrier per pick (docs/kernel-sass.md, "Fourteenth pass").  On an
+#: H200 (dd6694a): 0.3-0.4 us off every rule at T=1, 2.9-4.0 us at T=32 (``none`` 3.8-4.3 against
+#: 5.0-5.2 us), 0.5-1.6 at T=256.  ``bench_selection.py --no-group-warps`` sets it False, the other
+#: side of that A/B.
 GROUP_WARP_ROUTING = True
 GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
+#: The routing kernel's rows on a warp per group, at most: at T=512 on an H200 (dd6694a) a program per
+#: row cost 1.3-2.0 us more than tiles of 8 rows (``none`` 6.5 against 5.1 us), where each expert's
+#: word of the activated-expert count takes an atomic add per program.
+GROUP_WARP_MAX_ROWS = 256
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
@@ -151,9 +154,9 @@ def kernel_warps(
     tile's.  Its row reductions are then warp-wide (``REDUX``) instead of block-wide: xshare at T=1,
     E=128 compiles to 1 barrier instead of 27, for about 330 more instructions per lane (Triton 3.6;
     at E=256 it would be 1900 more, so DeepSeek-V3 keeps its eight warps).  :func:`is_light_rule` says
-    which rules are light.  Any rule on at most 128 experts takes one warp per row, eight, when the
-    one program's tile is taller than four rows (:data:`ONE_PROGRAM_ROW_WARPS`): the set rule's work
-    then spreads over twice the warps too.  Not when the call also aligns its slots: one warp then
+    which rules are light.  A rule on a tile taller than four rows keeps the tile's four warps: eight
+    warps, one per row, lost 0.4-2.2 us at T=8 on an H200 (:data:`ONE_PROGRAM_ROW_WARPS`).  Not when
+    the call also aligns its slots: one warp then
     spilled about 2 KB of local memory per thread for the slot comparisons, four at E=256 416 bytes
     (Triton 3.6, sm_90).  ``group_warps``: the call's one row routes with a warp per expert group
     (:func:`group_warp_routing`), this many.
@@ -164,11 +167,8 @@ def kernel_warps(
         row_warps = route_warps(block_experts, plan)
         if policy == "none":
             return row_warps
-        if block_experts <= 128:
-            if light_rule and row_warps <= tile_warps(block_experts):
-                return row_warps
-            if ONE_PROGRAM_ROW_WARPS and row_warps > tile_warps(block_experts):
-                return row_warps
+        if block_experts <= 128 and light_rule and row_warps <= tile_warps(block_experts):
+            return row_warps
     return tile_warps(block_experts)
 
 
@@ -190,8 +190,8 @@ def group_warp_routing(
 ) -> int:
     """Warps of a program that routes one row with a warp per expert group (:data:`GROUP_WARP_ROUTING`),
     or 0 when the call does not route that way: a one-program call of one row, or, above one program,
-    the routing kernel, which then runs a program per row (not when it also aligns the slots, whose
-    scratch counts tiles of :func:`tile_rows`).
+    the routing kernel of up to :data:`GROUP_WARP_MAX_ROWS` rows, which then runs a program per row (not
+    when it also aligns the slots, whose scratch counts tiles of :func:`tile_rows`).
 
     Biased sigmoid routing (DeepSeek-V3's) whose groups split E into a power of two of groups of
     :data:`GROUP_WARP_SIZE` experts, at most 8 (a warp each), without truncation or filled slots (which
@@ -200,7 +200,9 @@ def group_warp_routing(
     num_groups = router.num_expert_group
     if not (GROUP_WARP_ROUTING and num_groups > 1):
         return 0
-    if (plan.route_rows != 1) if plan.single else align:
+    if plan.single and plan.route_rows != 1:
+        return 0
+    if not plan.single and (align or plan.route_programs * plan.route_rows > GROUP_WARP_MAX_ROWS):
         return 0
     if not (has_bias and router.scoring == "sigmoid") or truncation or fill:
         return 0

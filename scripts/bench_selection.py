@@ -503,9 +503,9 @@ def main() -> int:
     parser.add_argument(
         "--no-group-warps",
         action="store_true",
-        help="route rows of biased groups of 32 experts (DeepSeek-V3 at T=1, and in the routing kernel up to "
-        "256 rows) as before: one warp for a one-row none, the tile's eight warps for a rule's row, tiles of "
-        "8 rows on a warp each in the routing kernel, instead of a warp per group "
+        help="route rows of biased groups of 32 experts (DeepSeek-V3 at T=1, none of 2 to 8 rows, and the routing "
+        "kernel up to 256 rows) as before: one warp per row for none, the tile's eight warps for a rule's row, "
+        "tiles of 8 rows on a warp each in the routing kernel, instead of a warp per group "
         "(kernels.prune_route.GROUP_WARP_ROUTING = False): the other side of its A/B",
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")

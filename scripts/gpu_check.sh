@@ -17,8 +17,8 @@
 #                 calls of oea, static and co-activation moe-spec on a tile's four warps, the other side
 #                 of the A/B whose first side (one warp per row) the selection stage times (its table
 #                 goes to gpu_check.log)
-#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1, 32 and 256 on DeepSeek-V3's
-#                 router: rows routed as before (one warp for the row in a one-row none, the tile's
+#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1, 8, 32 and 256 on DeepSeek-V3's
+#                 router: rows routed as before (one warp per row in a one-program none, the tile's
 #                 eight warps in a one-row rule, tiles of 8 rows on a warp each in the routing kernel),
 #                 the other side of the A/B whose first side (a warp per expert group) the selection
 #                 stage times (its table goes to gpu_check.log)
@@ -177,7 +177,7 @@ fi
 if wanted groups; then
     # GROUP_WARP_ROUTING: one-row calls and the routing kernel; none is timed too, as every row's baseline
     seconds=$(box groups 5)
-    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1,32,256 \
+    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1,8,32,256 \
         --models deepseek-v3 --policies oea,moe-spec-static,xshare,moe-spec,lynx,xshare-spec \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/groups" "${sgl_args[@]}"

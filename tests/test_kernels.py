@@ -451,7 +451,8 @@ GROUP_WARP_ROUTERS = {
     ("shape", "num_tokens", "group_warps"),
     [(shape, 1, True) for shape in GROUP_WARP_ROUTERS]
     + [("deepseek-v3", 1, False), ("deepseek-v3", 17, False)]
-    + [(shape, num_tokens, True) for shape in ("deepseek-v3", "2x32-top1") for num_tokens in (9, 17)],
+    + [(shape, num_tokens, True) for shape in ("deepseek-v3", "2x32-top1") for num_tokens in (9, 17)]
+    + [("deepseek-v3", 5, True), ("4x32", 2, True)],  # none of 2-8 rows: the routing kernel
     ids=lambda value: {True: "warp_per_group", False: "off"}.get(value, value) if isinstance(value, bool) else None,
 )
 def test_biased_groups_route_like_the_reference_on_a_warp_per_group(shape, num_tokens, group_warps, monkeypatch):
@@ -503,7 +504,10 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 8}
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
     assert _launch_grids(1, 256, oea)["select_kernel"] == ((1,), 8, True)
-    assert _launch_grids(2, 256, PrunerConfig()) == {"select_kernel": ((1,), 2, False)}  # a warp per row
+    # none of 2 to 8 rows: the routing kernel, a program per row (a rule's rows: one program)
+    assert _launch_grids(2, 256, PrunerConfig()) == {"route_kernel": ((2,), 8, True)}
+    assert _launch_grids(8, 256, PrunerConfig()) == {"route_kernel": ((8,), 8, True)}
+    assert _launch_grids(8, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(7, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((40,), 8, True)}
     assert _launch_grids(40, 256, oea)["route_kernel"] == ((40,), 8, True)
@@ -524,7 +528,11 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 8
     assert wrapper.group_warp_routing(RouterSpec(16, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 0
     assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, False, False, False) == 0
+    # ...not with filled slots or the aligned routing: one program, a warp per row
+    assert _launch_grids(4, 256, PrunerConfig(), fill_dropped=True) == {"select_kernel": ((1,), 4, False)}
+    assert list(_launch_grids(4, 256, PrunerConfig(), alignment=token_alignment(4, 8, 256, 16))) == ["select_kernel"]
     monkeypatch.setattr(wrapper, "GROUP_WARP_ROUTING", False)
+    assert _launch_grids(2, 256, PrunerConfig()) == {"select_kernel": ((1,), 2, False)}
     assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 1}
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
     assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((5,), 8, False)}

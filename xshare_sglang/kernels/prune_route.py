@@ -94,6 +94,12 @@ GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
 #: row cost 1.3-2.0 us more than tiles of 8 rows (``none`` 6.5 against 5.1 us), where each expert's
 #: word of the activated-expert count takes an atomic add per program.
 GROUP_WARP_MAX_ROWS = 256
+#: A ``none`` call of 2 to 8 such rows runs the routing kernel with a program per row
+#: (:func:`plan_none_rows`) instead of one program with a warp per row and 8 software sigmoids per
+#: lane: on an H200 (dd6694a) DeepSeek-V3's ``none`` took 5.3 us at T=8 that way, 3.8-4.3 at T=32 and
+#: 3.7-4.1 at T=1 on warps per group.  Not timed yet: ``bench_selection.py --no-group-warps`` sets
+#: :data:`GROUP_WARP_ROUTING` False, which turns this off too.
+NONE_ROWS_ON_GROUP_WARPS = True
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
@@ -211,6 +217,31 @@ def group_warp_routing(
     if num_groups * max(2, _next_pow2(router.top_k)) > 2 * GROUP_WARP_SIZE:
         return 0
     return num_groups
+
+
+def plan_none_rows(
+    cfg: PrunerConfig,
+    plan: LaunchPlan,
+    num_tokens: int,
+    tokens_per_request: int,
+    router,
+    num_experts: int,
+    has_bias: bool,
+    truncation: bool,
+    fill: bool,
+    align: bool = False,
+) -> LaunchPlan:
+    """The plan of a call, given :func:`plan_for`'s: a ``none`` call of 2 to 8 rows whose rows can
+    route on a warp per expert group (:func:`group_warp_routing`, :data:`NONE_ROWS_ON_GROUP_WARPS`)
+    runs the routing kernel, a program per row, instead of one program with one warp per row.  Still
+    one launch (``none`` selects nothing); each row then takes the one-row call's path.  For calls
+    that route (a keep mask alone needs no rows routed)."""
+    if not (NONE_ROWS_ON_GROUP_WARPS and cfg.policy == "none" and plan.single and num_tokens > 1):
+        return plan
+    split = plan_launch(num_tokens, num_experts, tokens_per_request, False, min_parts=2)
+    if split.single or not group_warp_routing(router, num_experts, split, has_bias, truncation, fill, align):
+        return plan
+    return split
 
 
 def route_warps(block_experts: int, plan: LaunchPlan) -> int:
@@ -606,10 +637,11 @@ def _launch_kernels(
     num_groups = router.num_expert_group
     correction_bias = call.correction_bias
     has_bias = correction_bias is not None
+    group_route = (router, num_experts, has_bias, cfg.coverage == "truncation", fill_dropped)
+    if route:
+        plan = plan_none_rows(cfg, plan, num_tokens, call.tokens_per_request, *group_route, alignment is not None)
     block_e = plan.block_experts
-    group_warps = group_warp_routing(
-        router, num_experts, plan, has_bias, cfg.coverage == "truncation", fill_dropped, alignment is not None
-    )
+    group_warps = group_warp_routing(*group_route[:2], plan, *group_route[2:], alignment is not None)
     common = dict(
         HAS_NV_PTR=nv_tensor,
         HAS_WEIGHTS=has_weights,

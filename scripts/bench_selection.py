@@ -444,8 +444,9 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
         "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
         f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call of up to 4 rows on <= 128 "
-        f"experts (oea, static and co-activation moe-spec): {meta['one_program_warps']}; rows of "
-        f"biased groups of 32 experts: {meta.get('group_warps', 'a warp per row')}.",
+        "experts (oea, static and co-activation moe-spec, a top-count that fits): "
+        f"{meta['one_program_warps']}; rows of biased groups of 32 experts: "
+        f"{meta.get('group_warps', 'a warp per row')}.",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
         "checks |" + (" pdl sel us | pdl none us | pdl sel us behind a reset launch |" if pdl else ""),
@@ -496,8 +497,9 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="run one-program calls of up to 4 rows on at most 128 experts (oea and the static and "
-        "co-activation rankings) on a tile's four warps instead of one warp per row "
+        help="run one-program calls of up to 4 rows on at most 128 experts (oea, the static and co-activation "
+        "rankings, and a top-count that T x top_k fits, as the coverage ranking's one row) on a tile's four warps "
+        "instead of one warp per row "
         "(kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): the other side of its A/B",
     )
     parser.add_argument(

@@ -14,7 +14,7 @@
 #                 picks block-wide, the other side of the A/B whose first side (the picks in every warp)
 #                 the selection stage times (its table goes to gpu_check.log)
 #   2d. warps     scripts/bench_selection.py --tile-warps at T=1 and 2 on the E=128 routers: one-program
-#                 calls of oea, static and co-activation moe-spec on a tile's four warps, the other side
+#                 calls of oea, the static, co-activation and coverage moe-spec on a tile's four warps, the other side
 #                 of the A/B whose first side (one warp per row) the selection stage times (its table
 #                 goes to gpu_check.log)
 #   2e. groups    scripts/bench_selection.py --no-group-warps at T=1, 8, 32 and 256 on DeepSeek-V3's
@@ -165,11 +165,12 @@ if wanted picks; then
     [ -f "$work/picks/selection.md" ] && cat "$work/picks/selection.md" >>"$log"
 fi
 if wanted warps; then
-    # the T where it matters: 1 and 2 for the three rules concerned (at T=4 four warps either way;
-    # above 128 experts a tile has eight warps already)
+    # the T where it matters: 1 and 2 for the rules concerned (the coverage ranking's one row is the
+    # router ranking's top-count, light at T=1; at T=4 four warps either way; above 128 experts a tile
+    # has eight warps already)
     seconds=$(box warps 5)
     stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 1,2 \
-        --models qwen3-30b-a3b,gpt-oss-120b --policies oea,moe-spec-static,moe-spec-coact \
+        --models qwen3-30b-a3b,gpt-oss-120b --policies oea,moe-spec-static,moe-spec-coact,moe-spec-coverage \
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/warps" "${sgl_args[@]}"
     [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"

@@ -186,9 +186,9 @@ def main() -> int:
     parser.add_argument(
         "--tile-warps",
         action="store_true",
-        help="compile one-program calls of up to 4 rows on at most 128 experts (oea and the static and "
-        "co-activation rankings) on a tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one "
-        "warp per row, the other side of its A/B",
+        help="compile one-program calls of up to 4 rows on at most 128 experts (oea, the static and "
+        "co-activation rankings, and a top-count that T x top_k fits, as the coverage ranking's one row) on a "
+        "tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one warp per row, the other side of its A/B",
     )
     parser.add_argument(
         "--no-group-warps",

@@ -103,7 +103,7 @@ def test_bench_selection_with_block_picks(tmp_path) -> None:
     assert report["meta"]["group_warps"] == "off (--no-group-warps)"
     assert (
         "warps of a one-program call of up to 4 rows on <= 128 experts (oea, static and co-activation "
-        "moe-spec): a tile's four" in (tmp_path / "selection.md").read_text()
+        "moe-spec, a top-count that fits): a tile's four" in (tmp_path / "selection.md").read_text()
     )
 
 

@@ -766,8 +766,17 @@ def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path
     assert _launch_warps(1, 128, coact) == {"select_kernel": 1 if row_warps else 4}
     assert _launch_warps(3, 128, oea) == {"select_kernel": 4}  # a tile of 4 rows: four warps either way
     assert _launch_warps(1, 128, PrunerConfig(policy="xshare", k0=1, budget=16)) == {"select_kernel": 1}
+    # the router ranking's top-count on top-k scores when T x top_k fits it (and the coverage
+    # ranking's one row, the same rule): no order, a light rule
+    top_count = PrunerConfig(policy="moe-spec", max_experts=16, score="topk")
+    assert _launch_warps(1, 128, top_count) == {"select_kernel": 1 if row_warps else 4}
+    assert _launch_warps(2, 128, top_count) == {"select_kernel": 2 if row_warps else 4}
+    coverage = PrunerConfig(policy="moe-spec", max_experts=16, ranking="coverage")
+    assert _launch_warps(1, 128, coverage) == {"select_kernel": 1 if row_warps else 4}
     # an order or a cap: a tile's warps
-    assert _launch_warps(1, 128, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": 4}
+    assert _launch_warps(4, 128, top_count) == {"select_kernel": 4}
+    assert _launch_warps(1, 128, dataclasses.replace(top_count, max_experts=4)) == {"select_kernel": 4}
+    assert _launch_warps(1, 128, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": 4}  # probs
     assert _launch_warps(1, 128, PrunerConfig(policy="oea", k0=1, max_experts=12)) == {"select_kernel": 4}
     assert _launch_warps(1, 128, PrunerConfig(policy="xshare-threshold", k0=1, tau=0.9)) == {"select_kernel": 4}
     assert _launch_warps(8, 256, xshare) == {"select_kernel": 8}
@@ -795,13 +804,13 @@ def test_one_program_of_seven_rows_matches_the_reference(policy, routing):
 @pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
 @pytest.mark.parametrize("routing", ["biased", "softmax", "grouped"])
 @pytest.mark.parametrize(("num_tokens", "num_experts"), [(1, 128), (2, 60), (1, 64)])
-@pytest.mark.parametrize("policy", ["oea", "moe-spec-static", "moe-spec-coact"])
+@pytest.mark.parametrize("policy", ["oea", "moe-spec-static", "moe-spec-coact", "moe-spec"])
 def test_light_rules_of_a_few_rows_match_the_reference_on_either_warps(
     policy, num_tokens, num_experts, routing, row_warps, tmp_path, monkeypatch
 ):
-    """``oea``, static moe-spec and the co-activation ranking on one warp per row (up to four rows) or
-    a tile's four: keep, ids, weights and metrics equal the reference's, padding rows and layers
-    included."""
+    """``oea``, static moe-spec, the co-activation ranking and the router ranking's top-count on one
+    warp per row (up to four rows) or a tile's four: keep, ids, weights and metrics equal the
+    reference's, padding rows and layers included."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
     )
@@ -811,6 +820,10 @@ def test_light_rules_of_a_few_rows_match_the_reference_on_either_warps(
         "oea": PrunerConfig(policy="oea", k0=2),
         "moe-spec-static": _static_ranking(tmp_path, num_experts, 9),
         "moe-spec-coact": _static_ranking(tmp_path, num_experts, 12, coactivation=True),
+        # the router ranking's top-count on top-k scores, the rest of the count in index order:
+        # T x top_k <= 9 compiles no order (T=1); at T=2 the order is compiled, taken with 2 valid
+        # rows and skipped with 1 (n_valid x top_k <= 9)
+        "moe-spec": PrunerConfig(policy="moe-spec", max_experts=9, score="topk"),
     }[policy]
     logits = make_logits(num_tokens, num_experts, "normal", seed)
     for layer, num_valid in ((0, num_tokens), (2, num_tokens - 1)):

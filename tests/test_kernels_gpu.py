@@ -87,6 +87,8 @@ def _config(policy: str, tmp_path, num_experts: int) -> PrunerConfig:
         return PrunerConfig(policy=policy, max_experts=24)
     if policy == "moe-spec-coverage":
         return PrunerConfig(policy="moe-spec", max_experts=24, ranking="coverage")
+    if policy == "moe-spec-topk":
+        return PrunerConfig(policy="moe-spec", max_experts=24, score="topk")
     if policy == "moe-spec-coverage-probs":
         return PrunerConfig(policy="moe-spec", max_experts=24, ranking="coverage", score="probs")
     return PrunerConfig(policy=policy, k0=1, budget=8, request_budget=2, rank_budget=3, max_experts=40)
@@ -140,6 +142,8 @@ def test_graph_replay_of_the_calibrated_picks(
         ("moe-spec-coact", 1, 128, torch.bfloat16),
         ("oea", 4, 64, torch.float32),  # on four: as many as a tile's
         ("moe-spec-static", 3, 60, torch.float16),
+        ("moe-spec-coverage", 1, 128, torch.bfloat16),  # one row: the top-count, no order
+        ("moe-spec-topk", 2, 128, torch.float32),  # T x top_k = 16 <= 24: no order
     ],
 )
 def test_graph_replay_of_one_program_on_a_warp_per_row(

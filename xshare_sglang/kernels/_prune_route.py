@@ -43,11 +43,14 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   index asc) with one integer comparison, as the reference's stable sort does.
   When the order's answer is known it is not computed: with top-k scores at most ``n_valid x
   top_k`` experts are candidates, so a greedy budget at least that large (or zero) takes all (or
-  none) of them; the rounds take every candidate when ``|warm| + candidates`` does not pass their
-  target; the cap changes nothing when no more are kept.  Each is a branch on a value the whole
-  block holds, and when the launch's own row count already settles the greedy budget the wrapper
-  compiles its order out (``ORDER``).  Exact: the skipped order could only have answered "every
-  candidate".
+  none) of them; the router ranking's top-count (moe-spec) keeps every expert with an aggregate and
+  gives the rest of its count to the others in index order, an exclusive prefix count
+  (``places_scored_first``); the rounds take every candidate when ``|warm| + candidates`` does not
+  pass their target; the cap changes nothing when no more are kept.  Each is a branch on a value the whole
+  block holds, and when the launch's own row count already settles the greedy budget or the
+  top-count the wrapper compiles its order out (``ORDER``).  Exact: the skipped order could only have
+  answered "every candidate"; for the top-count, aggregates are >= 0, so the experts with one come
+  first and the others tie at 0, in index order.
 * The threshold rule's mass-before-each-expert (``prefix_keep``) was the same loop with a second sum.
   It is now one bitonic sort of the packed keys (``tl.sort``) and one running sum (``tl.cumsum``).
   Exact: integer sums do not depend on their order, and the taken experts are a prefix of the sorted
@@ -610,6 +613,19 @@ def places(prim, flag, e, e_ok, group, USE_GROUP: tl.constexpr):
         offset = (composite_j[:, None] - group_start[None, :]).to(tl.uint32, bitcast=True)
         before = tl.sum((offset < before[None, :].to(tl.uint32)).to(tl.int32), axis=0)
     return before
+
+
+@triton.jit
+def places_scored_first(agg, e_ok):
+    """:func:`places` in the order (agg desc, index asc) as far as a count of at least the number of
+    experts with an aggregate needs them, int32: each of those at 0 (every one is kept), every other
+    expert after them in index order (their count plus an exclusive prefix count).  Exact for any
+    count >= #{agg > 0}: aggregates are >= 0, so the scored experts come first in the order, and the
+    rest tie at 0, ordered by index."""
+    scored = e_ok & (agg > 0)
+    rest = (e_ok & (agg <= 0)).to(tl.int32)
+    num_scored = tl.sum(scored.to(tl.int32), axis=0)
+    return tl.where(scored, 0, num_scored + tl.cumsum(rest, axis=0) - rest)
 
 
 @triton.jit
@@ -1893,7 +1909,19 @@ def select_kernel(
                 chosen = take_by_order(tl.zeros([BLOCK_E], tl.int64), chosen, e, e_ok, count - taken)
             keep = e_ok & (chosen != 0) & (n_valid > 0)
         elif MODE == MODE_TOP_AGG:
-            place = places(agg, e_ok, e, e_ok, e, False)
+            # the [E, E] order only when more experts than the count can have an aggregate: with
+            # top-k scores at most n_valid x top_k (a branch on a value the whole block holds; the
+            # wrapper compiles the order out when T x top_k settles it), else with dense scores
+            if ORDER:
+                if SCORE_TOPK:
+                    if n_valid * top_k > count:
+                        place = places(agg, e_ok, e, e_ok, e, False)
+                    else:
+                        place = places_scored_first(agg, e_ok)
+                else:
+                    place = places(agg, e_ok, e, e_ok, e, False)
+            else:
+                place = places_scored_first(agg, e_ok)
             keep = e_ok & (place < count) & (n_valid > 0)
         else:
             if MODE == MODE_GREEDY_BASE:

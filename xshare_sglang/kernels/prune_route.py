@@ -182,12 +182,16 @@ def is_light_rule(policy_args: dict) -> bool:
     """Whether a call's set rule is light (:func:`kernel_warps`): it runs no order of the experts and
     has no ``max_experts`` cap.  xshare whose greedy budget takes every candidate (measured on an
     H200); with :data:`ONE_PROGRAM_ROW_WARPS`, also ``oea`` (the union of every row's warm experts),
-    static moe-spec (the calibrated places) and the co-activation ranking (its picks run in every
-    warp anyway, see :func:`warp_picks`, and the rest of its budget is taken in index order)."""
+    static moe-spec (the calibrated places), the co-activation ranking (its picks run in every
+    warp anyway, see :func:`warp_picks`, and the rest of its budget is taken in index order) and the
+    router ranking's top-count when ``T x top_k`` fits its count (every expert with an aggregate,
+    then the rest in index order: no order compiled, see :func:`_policy_args`)."""
     if policy_args["has_cap"]:
         return False
     if policy_args["mode"] == "MODE_GREEDY_WARM":
         return not policy_args["order"]
+    if policy_args["mode"] == "MODE_TOP_AGG":
+        return ONE_PROGRAM_ROW_WARPS and not policy_args["order"]
     return ONE_PROGRAM_ROW_WARPS and policy_args["mode"] in ("MODE_WARM", "MODE_STATIC", "MODE_COACT")
 
 
@@ -557,8 +561,11 @@ def _policy_args(cfg: PrunerConfig, call: RoutingCall) -> dict:
     count = min(count, num_experts + 1)
     # The greedy budget takes every candidate (or, at 0, none) whatever the batch when top-k scores
     # reach at most T x top_k experts and that fits the budget: no [E, E] order to compile or run.
-    takes_all = mode in ("MODE_GREEDY_WARM", "MODE_GREEDY_BASE") and (
-        count <= 0 or (cfg.effective_score == "topk" and call.logits.shape[0] * call.router.top_k <= count)
+    # Likewise the router ranking's top-count: every expert with an aggregate, then the rest of the
+    # count in index order (``_prune_route.places_scored_first``).
+    fits = cfg.effective_score == "topk" and call.logits.shape[0] * call.router.top_k <= count
+    takes_all = (mode in ("MODE_GREEDY_WARM", "MODE_GREEDY_BASE") and (count <= 0 or fits)) or (
+        mode == "MODE_TOP_AGG" and fits
     )
     return dict(
         mode=mode,

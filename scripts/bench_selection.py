@@ -446,7 +446,8 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call of up to 4 rows on <= 128 "
         "experts (oea, static and co-activation moe-spec, a top-count that fits): "
         f"{meta['one_program_warps']}; rows of biased groups of 32 experts: "
-        f"{meta.get('group_warps', 'a warp per row')}.",
+        f"{meta.get('group_warps', 'a warp per row')}; retained mass of oea, static moe-spec and LYNX above one "
+        f"program: {meta.get('retained_mass', 'summed by the selection')}.",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
         "checks |" + (" pdl sel us | pdl none us | pdl sel us behind a reset launch |" if pdl else ""),
@@ -510,6 +511,13 @@ def main() -> int:
         "tiles of 8 rows on a warp each in the routing kernel, instead of a warp per group "
         "(kernels.prune_route.GROUP_WARP_ROUTING = False): the other side of its A/B",
     )
+    parser.add_argument(
+        "--select-mass",
+        action="store_true",
+        help="sum the retained-mass metric of oea, static moe-spec and LYNX above one program in the selection "
+        "(scores of every row, E aggregates) instead of in the routing kernel "
+        "(kernels.prune_route.ROUTING_SUMS_MASS = False): the other side of its A/B",
+    )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
     if args.block_picks:
@@ -518,6 +526,8 @@ def main() -> int:
         importlib.import_module("xshare_sglang.kernels.prune_route").ONE_PROGRAM_ROW_WARPS = False
     if args.no_group_warps:
         importlib.import_module("xshare_sglang.kernels.prune_route").GROUP_WARP_ROUTING = False
+    if args.select_mass:
+        importlib.import_module("xshare_sglang.kernels.prune_route").ROUTING_SUMS_MASS = False
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     models = {**MODEL_ROUTERS, **SMOKE_ROUTERS}
@@ -588,6 +598,9 @@ def main() -> int:
         "group_warps": "off (--no-group-warps)"
         if args.no_group_warps
         else "a warp per expert group (one-row calls; routing kernel to 256 rows)",
+        "retained_mass": "summed by the selection (--select-mass)"
+        if args.select_mass
+        else "summed by the routing kernel for rules without scores",
     }
     args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
     bench_args = args

@@ -22,6 +22,10 @@
 #                 eight warps in a one-row rule, tiles of 8 rows on a warp each in the routing kernel),
 #                 the other side of the A/B whose first side (a warp per expert group) the selection
 #                 stage times (its table goes to gpu_check.log)
+#   2f. mass      scripts/bench_selection.py --select-mass at T=32 and 512 on the three routers: the
+#                 retained-mass metric of oea, static moe-spec and LYNX summed by the selection (every
+#                 row's scores, E aggregates), the other side of the A/B whose first side (the routing
+#                 kernel's sums) the selection stage times (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -47,7 +51,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,pdl,picks,warps,groups,moe_layer,kernel_routing,guard
+only=tests,selection,pdl,picks,warps,groups,mass,moe_layer,kernel_routing,guard
 budget=520
 boxes=
 workers=14
@@ -79,7 +83,7 @@ sgl_args=()
 
 say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }
-stages=" tests selection pdl picks warps groups moe_layer kernel_routing guard "
+stages=" tests selection pdl picks warps groups mass moe_layer kernel_routing guard "
 for entry in ${boxes//,/ }; do
     name=${entry%%=*} percent=${entry#*=}
     if [[ "$stages" != *" $name "* || ! "$percent" =~ ^[0-9]+$ || "$percent" -gt 100 ]]; then
@@ -183,6 +187,15 @@ if wanted groups; then
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/groups" "${sgl_args[@]}"
     [ -f "$work/groups/selection.md" ] && cat "$work/groups/selection.md" >>"$log"
+fi
+if wanted mass; then
+    # ROUTING_SUMS_MASS: only above one program, where the routing kernel runs
+    seconds=$(box mass 5)
+    stage mass "$seconds" python3 scripts/bench_selection.py --select-mass --tokens 32,512 \
+        --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3 --policies oea,moe-spec-static,lynx \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/mass" "${sgl_args[@]}"
+    [ -f "$work/mass/selection.md" ] && cat "$work/mass/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
     seconds=$(box moe_layer 15)

@@ -198,6 +198,12 @@ def main() -> int:
         "(GROUP_WARP_ROUTING = False), the other side of its A/B",
     )
     parser.add_argument(
+        "--select-mass",
+        action="store_true",
+        help="compile the retained-mass metric of oea, static moe-spec and LYNX above one program in the "
+        "selection instead of the routing kernel (ROUTING_SUMS_MASS = False), the other side of its A/B",
+    )
+    parser.add_argument(
         "--no-metrics",
         action="store_true",
         help="compile the calls without the serving plugin's metrics row (the A/B of the metrics' code)",
@@ -210,6 +216,8 @@ def main() -> int:
         importlib.import_module("xshare_sglang.kernels.prune_route").ONE_PROGRAM_ROW_WARPS = False
     if args.no_group_warps:
         importlib.import_module("xshare_sglang.kernels.prune_route").GROUP_WARP_ROUTING = False
+    if args.select_mass:
+        importlib.import_module("xshare_sglang.kernels.prune_route").ROUTING_SUMS_MASS = False
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",

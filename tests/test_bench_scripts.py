@@ -85,22 +85,25 @@ def test_bench_selection_without_the_metrics_row(tmp_path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
 def test_bench_selection_with_block_picks(tmp_path) -> None:
     """--block-picks (gpu_check's picks stage) runs the calibrated rankings' greedy picks block-wide, and
-    --tile-warps (its warps stage) one-program calls on a tile's four warps instead of a warp per row:
-    every call still equals the reference, and the report says which sides it timed."""
+    --tile-warps (its warps stage) one-program calls on a tile's four warps instead of a warp per row,
+    --select-mass (its mass stage) oea's retained mass in the selection: every call still equals the
+    reference, and the report says which sides it timed."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--block-picks", "--tile-warps"]
-    command += ["--no-group-warps"]
-    command += ["--models", "tiny", "--policies", "moe-spec-coact,moe-spec-coverage", "--out-dir", str(tmp_path)]
+    command += ["--no-group-warps", "--select-mass"]
+    command += ["--models", "tiny", "--policies", "moe-spec-coact,moe-spec-coverage,oea", "--out-dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "selection.json").read_text())
     assert sorted((r["T"], r["policy"]) for r in report["rows"]) == [
-        (t, p) for t in (1, 40) for p in ("moe-spec-coact", "moe-spec-coverage")
+        (t, p) for t in (1, 40) for p in ("moe-spec-coact", "moe-spec-coverage", "oea")
     ]
     assert all(r["checks_ok"] for r in report["rows"]), report["rows"]
     assert report["meta"]["picks"] == "block-wide (--block-picks)"
     assert report["meta"]["one_program_warps"] == "a tile's four (--tile-warps)"
     assert report["meta"]["group_warps"] == "off (--no-group-warps)"
+    assert report["meta"]["retained_mass"] == "summed by the selection (--select-mass)"
+    assert "LYNX above one program: summed by the selection (--select-mass)." in (tmp_path / "selection.md").read_text()
     assert (
         "warps of a one-program call of up to 4 rows on <= 128 experts (oea, static and co-activation "
         "moe-spec, a top-count that fits): a tile's four" in (tmp_path / "selection.md").read_text()

@@ -1040,6 +1040,53 @@ def test_activated_experts_counted_per_call_across_interleaved_layers() -> None:
     assert not workspace.visits.cpu().any()
 
 
+ROUTE_MASS_RULES = ("oea", "oea-probs", "moe-spec-static", "lynx")
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid", "biased"])
+@pytest.mark.parametrize(("num_tokens", "num_experts", "votes"), [(64, 60, False), (255, 160, True), (40, 256, True)])
+@pytest.mark.parametrize("rule", ROUTE_MASS_RULES)
+def test_retained_mass_of_rules_without_scores_is_summed_by_the_routing(
+    rule, num_tokens, num_experts, votes, routing, tmp_path
+) -> None:
+    """Above one program, a rule that needs no scores (``oea``, static moe-spec, LYNX without a cap)
+    computes none in the selection: the routing kernel's programs sum their rows' kept and total score
+    mass and its last program adds the retained share.  The metrics row equals the reference's (padding
+    rows, vote weights, top-k and dense scores, every router kind), two calls in a row on one
+    workspace, and the workspace's counters are all 0 after each."""
+    from xshare_sglang.bench.kernel_compile import capture_launches
+    from xshare_sglang.kernels.prune_route import plan_for
+
+    cfg = {
+        "oea": PrunerConfig(policy="oea", k0=2),
+        "oea-probs": PrunerConfig(policy="oea", k0=1, score="probs"),
+        "moe-spec-static": _static_ranking(tmp_path, num_experts, 17),
+        "lynx": PrunerConfig(policy="lynx", beta=3),
+    }[rule]
+    seed = num_tokens + num_experts
+    router, bias = _router(routing, 6, num_experts, seed)
+    assert not plan_for(cfg, num_tokens, num_experts, 1).single
+    fields = dict(correction_bias=bias, num_valid_tokens=num_tokens - 3, layer_id=1)
+    if votes:
+        fields["token_weights"] = torch.rand(num_tokens, generator=torch.Generator().manual_seed(seed))
+        fields["token_weights"][::5] = 0.0  # rows that do not vote
+    workspace = SelectionWorkspace(num_experts, DEVICE)
+    for call_seed in (seed, seed + 1):
+        logits = make_logits(num_tokens, num_experts, "normal", seed=call_seed)
+        call = routing_call(logits, router, device=DEVICE, as_tensor=True, **fields)
+        launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64))
+        assert launches["route_kernel"][2]["ROUTE_MASS"] and not launches["select_kernel"][2]["NEED_SCORES"]
+        want_metrics = torch.zeros(4, dtype=torch.int64)
+        want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
+        metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+        got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics)
+        assert got.keep.cpu().tolist() == want.keep.tolist()
+        assert 0 < want_metrics[2] < 1 << 24  # a share strictly between none and all of the mass
+        assert metrics.cpu().tolist() == want_metrics.tolist()
+        assert not workspace.counters.cpu().any()
+
+
 @pytest.mark.fused_selection
 def test_a_call_that_fails_part_way_resets_the_counters(monkeypatch) -> None:
     """LYNX's aggregate is cleared by its second kernel: when that launch fails after the selection

@@ -17,6 +17,8 @@ Three kernels, launched from ``prune_route.py``:
    the keep mask, writing ids and weights in SGLang's ``TopKOutput`` layout; with metrics, each
    program adds a visit (and a mark where it routed a token) to every expert's word, and the
    program that completes an expert's visits counts it if marked and clears the word: no ticket.
+   For a rule that needs no scores (``oea``, static moe-spec, LYNX) each program also adds its
+   rows' kept and total score mass, and the program holding the last ticket adds their share.
    For policy ``none`` (``ALL_KEPT``) it is the only launch: program 0 writes the full mask.
 
 Clean counters: the workspace's tickets, accumulators and marks are 0 between calls.  Before, the
@@ -129,6 +131,12 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   experts only (``prune_route.WARP_PICKS_MAX_EXPERTS``): on an H200 the copies took 2 us off the
   co-activation ranking on E=128 and added 5 us on DeepSeek-V3's E=256, where each of eight warps
   issues every pick, twice what a scheduler did with the block-wide maximum; E=256 keeps it.
+* The retained-mass metric made the selection of a rule that needs no scores (``oea``, static
+  moe-spec, LYNX) score every row above one program: the software ``exp``, E aggregate atomics per
+  program, and the last program's loads and sums, all before the routing could start.  Now each
+  routing program, which holds its rows and the final mask, sums its kept and total mass
+  (``route_mass``) before its ticket, and the last one divides (``retained_share``).  Exact: the
+  same integer terms as the aggregate's, summed in another order.
 * The token alignment SGLang's fused MoE runs after its top-k (``moe_align_block_size``: the slots
   sorted by expert, each expert's run padded to the GEMM's block) is written by the launches that
   route, when the call passes an alignment (issue 33, item 3), instead of by one or two launches of
@@ -1325,6 +1333,7 @@ def finish_keep(
     HAS_METRICS: tl.constexpr,
     HAS_STATS: tl.constexpr,
     NEED_SCORES: tl.constexpr,
+    ROUTE_MASS: tl.constexpr,
 ):
     """The end of every set rule: the ``max_experts`` cap (warm-up experts first, then by aggregate),
     the token range, then store the mask, the score stats and the per-call metrics.  Returns keep.
@@ -1332,7 +1341,8 @@ def finish_keep(
     The metrics are added with relaxed atomics whose result is unused (``RED`` on sm_90): the GPU
     queues them without waiting, where a load-add-store waited a memory round trip per column and
     held back every load after it (the routing's logits in a one-program call).  Without scores
-    (policy ``none``, every expert kept) the retained mass is whole."""
+    (policy ``none``, every expert kept) the retained mass is whole.  With ``ROUTE_MASS`` the routing
+    kernel adds the retained mass (``route_mass``), and this adds the other two columns."""
     if HAS_CAP:
         # the [E, E] order only when the cap binds
         if tl.sum((keep & e_ok).to(tl.int32), axis=0) > cap:
@@ -1348,23 +1358,69 @@ def finish_keep(
         tl.store(stats_ptr, tl.sum(tl.where(keep, agg, 0), axis=0))
         tl.store(stats_ptr + 1, tl.sum(agg, axis=0))
     if HAS_METRICS:
-        if NEED_SCORES:
+        if NEED_SCORES and not ROUTE_MASS:
             total = tl.sum(agg, axis=0)
             # the kept mass and the kept count in one sum: agg << 10 | 1 per kept expert (aggregates
             # stay below 2**53 and at most 512 experts are kept, as the set rules' order keys assume)
             kept_packed = tl.sum(tl.where(keep, (agg << 10) + 1, 0), axis=0)
-            kept_total = kept_packed >> 10
             kept_count = kept_packed & 1023
-            # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
-            ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
-            retained = tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
+            retained = retained_share(kept_packed >> 10, total)
         else:
             kept_count = tl.sum(keep.to(tl.int32), axis=0)
             retained = tl.full([], 1 << 24, tl.int64)
         add_metric(metrics_ptr + 1, kept_count)
-        add_metric(metrics_ptr + 2, retained)
+        if not ROUTE_MASS:
+            add_metric(metrics_ptr + 2, retained)
         add_metric(metrics_ptr + 3, 1)
     return keep
+
+
+@triton.jit
+def retained_share(kept_total, total):
+    """policies.rewrite.selection_metrics' retained mass: ``floor(float32(kept_total) /
+    float32(total) * 2**24)``, a full ``2**24`` when the total is 0 (int64 scalars in and out)."""
+    # correctly rounded, as the reference divides (a plain / compiles to an approximate division)
+    ratio = tl.math.div_rn(kept_total.to(tl.float32), tl.where(total > 0, total, 1).to(tl.float32))
+    return tl.where(total > 0, tl.floor(ratio * SCORE_ONE).to(tl.int64), 1 << 24)
+
+
+@triton.jit
+def route_mass(
+    logits_ptr,
+    stride_t,
+    stride_e,
+    rows,
+    rows_in_block,
+    n_valid,
+    weights_ptr,
+    keep,
+    e,
+    e_ok,
+    top_k,
+    HAS_WEIGHTS: tl.constexpr,
+    SCORE_TOPK: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    KEY_SHIFT: tl.constexpr,
+):
+    """The kept and the total score mass of a routing tile's voting rows (int64 scalars): the
+    selection's aggregate of these rows, summed over the kept experts and over all of them.
+
+    For the rules that need no scores (``oea``, static moe-spec, LYNX) the selection computed the
+    scores above one program only for the retained-mass metric, on the call's critical path (scores,
+    E atomics, the ticket, the last program's loads and sums); the routing programs hold their rows
+    and the final mask, so each adds two sums instead.  Exact: the same integer terms as the
+    selection's aggregate, summed in another order."""
+    x, _voting, wq = load_rows(
+        logits_ptr, stride_t, stride_e, rows, rows_in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
+    )
+    candidate = (x > float("-inf")) & e_ok[None, :]
+    if SCORE_TOPK:
+        member = row_ranks(pack_key(x, e[None, :], candidate, KEY_SHIFT), top_k, KEY_SHIFT) < top_k
+    else:
+        member = candidate
+    # (a row that does not vote reads as -inf: no member, every score 0)
+    q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
+    return tl.sum(tl.sum(tl.where(keep[None, :], q, 0), axis=1), axis=0), tl.sum(tl.sum(q, axis=1), axis=0)
 
 
 @triton.jit
@@ -1559,6 +1615,7 @@ def select_kernel(
     HAS_RANGE: tl.constexpr,
     HAS_METRICS: tl.constexpr,
     HAS_STATS: tl.constexpr,
+    ROUTE_MASS: tl.constexpr,
     SINGLE: tl.constexpr,
     ROUTE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -1994,6 +2051,7 @@ def select_kernel(
             HAS_METRICS,
             HAS_STATS,
             NEED_SCORES,
+            ROUTE_MASS,
         )
 
         # phase C in the same program (P = 1)
@@ -2148,6 +2206,7 @@ def lynx_pick_kernel(
     HAS_RANGE: tl.constexpr,
     HAS_METRICS: tl.constexpr,
     HAS_STATS: tl.constexpr,
+    ROUTE_MASS: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     BLOCK_E: tl.constexpr,
     CHUNK_T: tl.constexpr,
@@ -2212,6 +2271,7 @@ def lynx_pick_kernel(
             HAS_METRICS,
             HAS_STATS,
             NEED_SCORES,
+            ROUTE_MASS,
         )
         # the marks, the aggregate and the ticket back at 0 for the next call (after every thread's loads)
         tl.debug_barrier()
@@ -2245,6 +2305,7 @@ def route_kernel(
     visits_ptr,
     ticket_ptr,
     metrics_ptr,
+    mass_ptr,
     expert_offset,
     num_local,
     align_counts_ptr,
@@ -2262,6 +2323,9 @@ def route_kernel(
     HAS_SCALE: tl.constexpr,
     FILL: tl.constexpr,
     HAS_METRICS: tl.constexpr,
+    ROUTE_MASS: tl.constexpr,
+    SCORE_TOPK: tl.constexpr,
+    SCORE_KEY_SHIFT: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -2361,26 +2425,55 @@ def route_kernel(
         activated = last_visit & ((marks_before > 0) | (used != 0))
         tl.atomic_add(metrics_ptr + e * 0, tl.full([BLOCK_E], 1, tl.int64), mask=activated, sem="relaxed")
         tl.store(visits_ptr + e, tl.zeros([BLOCK_E], tl.int64), mask=last_visit)
-    if ALIGN:
-        tl.debug_barrier()
+    if ROUTE_MASS:
+        # the retained mass of a rule that needs no scores: this tile's kept and total score mass
+        kept_mass, total_mass = route_mass(
+            logits_ptr,
+            stride_t,
+            stride_e,
+            rows,
+            rows < num_tokens,
+            n_valid,
+            weights_ptr,
+            keep,
+            e,
+            e_ok,
+            top_k,
+            HAS_WEIGHTS,
+            SCORE_TOPK,
+            SIGMOID,
+            SCORE_KEY_SHIFT,
+        )
+        tl.atomic_add(mass_ptr, kept_mass, sem="relaxed")
+        tl.atomic_add(mass_ptr + 1, total_mass, sem="relaxed")
+    if ALIGN or ROUTE_MASS:
+        tl.debug_barrier()  # every thread's atomics and stores before the ticket (acquire-release)
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == tl.num_programs(0) - 1:
             tl.store(ticket_ptr, 0)  # every program has its ticket: back at 0 for the next call
-            align_finish(
-                ids_ptr,
-                ids_stride,
-                top_k,
-                num_tokens,
-                tl.num_programs(0),
-                expert_offset,
-                num_local,
-                align_counts_ptr,
-                align_rank_ptr,
-                sorted_ptr,
-                blocks_ptr,
-                bounds_ptr,
-                CHUNK_T,
-                BLOCK_K,
-                ALIGN_B,
-                BLOCK_M,
-            )
+            if ROUTE_MASS:
+                kept_total = tl.load(mass_ptr, cache_modifier=".cg")
+                total = tl.load(mass_ptr + 1, cache_modifier=".cg")
+                add_metric(metrics_ptr + 2, retained_share(kept_total, total))
+                tl.debug_barrier()  # every thread's loads before the zeros
+                tl.store(mass_ptr, tl.zeros([], tl.int64))
+                tl.store(mass_ptr + 1, tl.zeros([], tl.int64))
+            if ALIGN:
+                align_finish(
+                    ids_ptr,
+                    ids_stride,
+                    top_k,
+                    num_tokens,
+                    tl.num_programs(0),
+                    expert_offset,
+                    num_local,
+                    align_counts_ptr,
+                    align_rank_ptr,
+                    sorted_ptr,
+                    blocks_ptr,
+                    bounds_ptr,
+                    CHUNK_T,
+                    BLOCK_K,
+                    ALIGN_B,
+                    BLOCK_M,
+                )

@@ -89,6 +89,16 @@ ONE_PROGRAM_ROW_WARPS = True
 #: 5.0-5.2 us), 0.5-1.6 at T=256.  ``bench_selection.py --no-group-warps`` sets it False, the other
 #: side of that A/B.
 GROUP_WARP_ROUTING = True
+#: Above one program, the rules that need no scores (``oea``, static moe-spec, LYNX without a cap)
+#: compute none in the selection: the routing kernel sums the kept and total score mass of the rows it
+#: routes for the retained-mass metric (``_prune_route.route_mass``), and its last program adds the
+#: share.  Before, the selection computed every row's scores for that metric alone and the last
+#: program summed E aggregates: on an H200 at f53d4e0 the metrics row cost these rules 4.3-8.3 us
+#: above one tile, 1.8-4.4 for the rules that score anyway.  Compiled for sm_90 (Triton 3.6) the
+#: selection of static moe-spec falls from 1338 to 120 instructions per program (Qwen3-30B-A3B, T=32)
+#: and the routing kernel grows from 465 to 1188 (docs/kernel-sass.md, "Seventeenth pass").  Not
+#: timed yet: ``bench_selection.py --select-mass`` sets it False, the other side of that A/B.
+ROUTING_SUMS_MASS = True
 GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
 #: The routing kernel's rows on a warp per group, at most: at T=512 on an H200 (dd6694a) a program per
 #: row cost 1.3-2.0 us more than tiles of 8 rows (``none`` 6.5 against 5.1 us), where each expert's
@@ -638,7 +648,18 @@ def _launch_kernels(
     weights_in = token_weights.contiguous() if has_weights else ws.prim
     has_metrics = metrics_row is not None
     has_stats = stats_out is not None
-    need_scores = policy["rule_scores"] or policy["has_cap"] or has_metrics or has_stats
+    # A rule that needs no scores (oea, static moe-spec, LYNX) would compute them only for the
+    # retained-mass metric: above one program the routing kernel sums that mass from the rows it
+    # routes, off the selection's critical path (_prune_route.route_mass)
+    route_mass = (
+        ROUTING_SUMS_MASS
+        and has_metrics
+        and route
+        and not plan.single
+        and cfg.policy != "none"
+        and not (policy["rule_scores"] or policy["has_cap"] or has_stats)
+    )
+    need_scores = policy["rule_scores"] or policy["has_cap"] or (has_metrics and not route_mass) or has_stats
     if cfg.policy == "none":
         need_scores = False  # every expert kept: the retained mass is whole, the aggregate unused
     num_groups = router.num_expert_group
@@ -758,6 +779,8 @@ def _launch_kernels(
         route_grid = (num_tokens,) if group_warps else (plan.route_programs,)
         route_args = dict(
             HAS_METRICS=has_metrics,
+            SCORE_TOPK=cfg.effective_score == "topk",
+            SCORE_KEY_SHIFT=key_shift,
             CHUNK_T=1 if group_warps else plan.route_rows,
             KEY_SHIFT=route_key_shift,
             ROW_WARPS=not group_warps and route_warps(block_e, plan) == plan.route_rows,
@@ -765,9 +788,11 @@ def _launch_kernels(
             **align_kw,
             **(common | dict(num_warps=group_warps or route_warps(block_e, plan))),
         )
-        route_inputs = (*rows, *routing, keep, ws.visits, ws.tickets[1:], metrics, *aligned)
+        # (the routing's kept and total mass in the aggregate's first two words: no selection of
+        # such a rule touches the aggregate)
+        route_inputs = (*rows, *routing, keep, ws.visits, ws.tickets[1:], metrics, ws.aggregate, *aligned)
     if route_only:
-        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=True, **route_args)
+        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=True, ROUTE_MASS=False, **route_args)
         return
     jit.select_kernel[(plan.num_parts,)](
         *rows,
@@ -815,6 +840,7 @@ def _launch_kernels(
         HAS_RANGE=has_range,
         HAS_METRICS=has_metrics,
         HAS_STATS=has_stats,
+        ROUTE_MASS=route_mass,
         SINGLE=plan.single,
         ROUTE=route,
         BLOCK_BINS=BLOCK_BINS,
@@ -863,6 +889,7 @@ def _launch_kernels(
             HAS_RANGE=has_range,
             HAS_METRICS=has_metrics,
             HAS_STATS=has_stats,
+            ROUTE_MASS=route_mass,
             KEY_SHIFT=key_shift,
             BLOCK_E=block_e,
             CHUNK_T=plan.route_rows,
@@ -873,7 +900,7 @@ def _launch_kernels(
             launch_pdl=enable_pdl,
         )
     if route and not plan.single:
-        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=False, **route_args)
+        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=False, ROUTE_MASS=route_mass, **route_args)
 
 
 def prune_route(

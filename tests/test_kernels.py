@@ -1041,12 +1041,17 @@ def test_activated_experts_counted_per_call_across_interleaved_layers() -> None:
 
 
 ROUTE_MASS_RULES = ("oea", "oea-probs", "moe-spec-static", "lynx")
+ROUTE_MASS_SHAPES = ((64, 60, False), (255, 160, True), (40, 256, True))  # T, E, vote weights
+# every rule meets every router kind once, and every shape does too
+ROUTE_MASS_CASES = [
+    (rule, *shape, ("softmax", "sigmoid", "biased")[(r + s) % 3])
+    for r, rule in enumerate(ROUTE_MASS_RULES)
+    for s, shape in enumerate(ROUTE_MASS_SHAPES)
+]
 
 
 @pytest.mark.fused_selection
-@pytest.mark.parametrize("routing", ["softmax", "sigmoid", "biased"])
-@pytest.mark.parametrize(("num_tokens", "num_experts", "votes"), [(64, 60, False), (255, 160, True), (40, 256, True)])
-@pytest.mark.parametrize("rule", ROUTE_MASS_RULES)
+@pytest.mark.parametrize(("rule", "num_tokens", "num_experts", "votes", "routing"), ROUTE_MASS_CASES)
 def test_retained_mass_of_rules_without_scores_is_summed_by_the_routing(
     rule, num_tokens, num_experts, votes, routing, tmp_path
 ) -> None:

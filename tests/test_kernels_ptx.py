@@ -54,12 +54,18 @@ def _case(tokens, policy="xshare", router="softmax", top_k=8, fill=False, metric
 
 @pytest.mark.fused_selection
 def test_retained_mass_divides_correctly_rounded() -> None:
-    multi, single, single_plain = _compile([_case(64), _case(7), _case(7, metrics=False)])
+    multi, single, single_plain, oea = _compile([_case(64), _case(7), _case(7, metrics=False), _case(64, "oea")])
     # two launches: the selection kernel's only division is the metric's
     assert set(multi) == {"select_kernel", "route_kernel"}
     ops = multi["select_kernel"]
     assert ops["div.full.f32"] == ops["div.approx.f32"] == ops["div.approx.ftz.f32"] == 0, ops
     assert ops["div.rn.f32"] >= 1, ops
+    # oea's retained mass is divided by the routing kernel (route_mass): correctly rounded, beside the
+    # routing weights' plain divisions, which stay as in xshare's routing kernel
+    routing, plain_routing = oea["route_kernel"], multi["route_kernel"]
+    assert routing["div.rn.f32"] > plain_routing["div.rn.f32"], (routing, plain_routing)
+    for op in ("div.full.f32", "div.approx.f32", "div.approx.ftz.f32"):
+        assert routing[op] == plain_routing[op], (op, routing, plain_routing)
     # one launch: turning the metrics on adds correctly rounded divisions and no approximate one
     with_metrics, without = single["select_kernel"], single_plain["select_kernel"]
     assert with_metrics["div.rn.f32"] > without["div.rn.f32"], (with_metrics, without)

@@ -73,6 +73,7 @@ from xshare_sglang.bench.moe_layer import (
     resolve_backends,
 )
 from xshare_sglang.kernels import SelectionWorkspace, plan_for, prune_route
+from xshare_sglang.kernels.prune_route import routes_static_alone
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 
@@ -394,7 +395,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         and check["weights_close"]
         and check["metrics_equal"]
         and check["eager_alloc_bytes"] == 0
-        and tuple(kernels) == plan.kernels(cfg.policy)
+        and tuple(kernels) == plan.kernels(cfg.policy, routes_static_alone(cfg, not args.no_metrics))
         and pdl.get("pdl_equal", True)
     )
     return {

@@ -51,10 +51,12 @@ def test_bench_selection_smoke(tmp_path) -> None:
 
     for r in rows:
         # one launch while the call is one tile (or one request), the selection then the routing above
+        # (static moe-spec: the routing alone, its calibrated mask derived by every routing program)
         single = plan_launch(r["T"], r["E"], r["D"], r["D"] > 1).single
         assert single == (r["T"] == 1), r  # T=1 is one tile, T=40 never is
         lynx_picks = ["lynx_pick_kernel"] if r["policy"] == "lynx" else []
-        want = ["select_kernel"] if single else ["select_kernel", *lynx_picks, "route_kernel"]
+        selection = [] if r["policy"] == "moe-spec-static" else ["select_kernel"]
+        want = ["select_kernel"] if single else [*selection, *lynx_picks, "route_kernel"]
         assert r["launches"] == len(want), r
         assert r["kernels"] == "+".join(want), r
         assert r["ids_equal"] and r["weights_close"] and r["metrics_equal"] and r["eager_alloc_bytes"] == 0, r

@@ -617,6 +617,46 @@ def test_moe_spec_static_routing(tmp_path) -> None:
             _compare_routing(logits, cfg, RouterSpec(4), layer_id=layer, num_valid_tokens=num_valid)
 
 
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("routing_sums_mass", [True, False], ids=["routing_mass", "select_mass"])
+@pytest.mark.parametrize("with_metrics", [True, False], ids=["metrics", "no_metrics"])
+def test_static_moe_spec_routes_alone_above_one_program(with_metrics, routing_sums_mass, tmp_path, monkeypatch):
+    """Static moe-spec above one program launches the routing kernel alone: every routing program
+    derives the calibrated mask (the token range included), program 0 stores it and adds the kept
+    count and the call.  With a metrics row only where the routing sums the retained mass
+    (``ROUTING_SUMS_MASS``); otherwise the selection runs first, as before.  Keep, ids, weights and
+    metrics equal the reference's for real-token counts inside, above and below the range, and 0;
+    the counters are back at 0 after every call."""
+    monkeypatch.setattr(
+        importlib.import_module("xshare_sglang.kernels.prune_route"), "ROUTING_SUMS_MASS", routing_sums_mass
+    )
+    from xshare_sglang.bench.kernel_compile import capture_launches
+
+    num_tokens, num_experts = 40, 64
+    cfg = dataclasses.replace(_static_ranking(tmp_path, num_experts, 11), min_tokens=2, max_tokens=30)
+    router = RouterSpec(4, "softmax", renormalize=True)
+    alone = with_metrics <= routing_sums_mass  # without metrics always; with them, if the routing sums the mass
+    workspace = SelectionWorkspace(num_experts, DEVICE)
+    logits = make_logits(num_tokens, num_experts, "normal", seed=4)
+    for layer, num_valid in ((0, 20), (1, 40), (2, 1), (0, 0)):
+        fields = dict(num_valid_tokens=num_valid, layer_id=layer)
+        call = routing_call(logits, router, device=DEVICE, as_tensor=True, **fields)
+        metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE) if with_metrics else None
+        launches = capture_launches(call, cfg, metrics_row=None if metrics is None else metrics.cpu())
+        assert list(launches) == (["route_kernel"] if alone else ["select_kernel", "route_kernel"]), num_valid
+        want_metrics = torch.zeros(4, dtype=torch.int64)
+        want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
+        got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics)
+        # the range matters: inside it the 11 calibrated experts are kept, outside it every one
+        assert int(want.keep.sum()) == (11 if 2 <= num_valid <= 30 else num_experts), num_valid
+        assert got.keep.cpu().tolist() == want.keep.tolist(), num_valid
+        assert torch.equal(got.topk_ids.cpu(), want.topk_ids), num_valid
+        torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE)
+        if with_metrics:
+            assert metrics.cpu().tolist() == want_metrics.tolist(), num_valid
+        assert not workspace.counters.cpu().any(), num_valid
+
+
 def _vote_weights(num_tokens: int, seed: int) -> torch.Tensor:
     """Weights of every kind the selection must handle: 1, 0 (never accepted), powers of a decay,
     arbitrary values in (0, 1), and out-of-range values (NaN and < 0 count as 0, > 1 as 1)."""
@@ -1081,7 +1121,11 @@ def test_retained_mass_of_rules_without_scores_is_summed_by_the_routing(
         logits = make_logits(num_tokens, num_experts, "normal", seed=call_seed)
         call = routing_call(logits, router, device=DEVICE, as_tensor=True, **fields)
         launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64))
-        assert launches["route_kernel"][2]["ROUTE_MASS"] and not launches["select_kernel"][2]["NEED_SCORES"]
+        assert launches["route_kernel"][2]["ROUTE_MASS"]
+        if rule == "moe-spec-static":  # the calibrated set: no selection launch at all
+            assert set(launches) == {"route_kernel"} and launches["route_kernel"][2]["STATIC_KEEP"]
+        else:
+            assert not launches["select_kernel"][2]["NEED_SCORES"]
         want_metrics = torch.zeros(4, dtype=torch.int64)
         want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
         metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)

@@ -19,7 +19,8 @@ Three kernels, launched from ``prune_route.py``:
    program that completes an expert's visits counts it if marked and clears the word: no ticket.
    For a rule that needs no scores (``oea``, static moe-spec, LYNX) each program also adds its
    rows' kept and total score mass, and the program holding the last ticket adds their share.
-   For policy ``none`` (``ALL_KEPT``) it is the only launch: program 0 writes the full mask.
+   For policy ``none`` (``ALL_KEPT``) it is the only launch: program 0 writes the full mask.  So
+   it is for static moe-spec (``STATIC_KEEP``), whose calibrated mask every program derives.
 
 Clean counters: the workspace's tickets, accumulators and marks are 0 between calls.  Before, the
 wrapper zeroed them ahead of every multi-program call, which cost a launch of its own (a kernel in a
@@ -2306,6 +2307,10 @@ def route_kernel(
     ticket_ptr,
     metrics_ptr,
     mass_ptr,
+    static_ptr,
+    static_count,
+    min_tokens,
+    max_tokens,
     expert_offset,
     num_local,
     align_counts_ptr,
@@ -2333,6 +2338,8 @@ def route_kernel(
     CHUNK_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ALL_KEPT: tl.constexpr,
+    STATIC_KEEP: tl.constexpr,
+    HAS_RANGE: tl.constexpr,
     ALIGN: tl.constexpr,
     ALIGN_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -2355,6 +2362,20 @@ def route_kernel(
             if HAS_METRICS:
                 add_metric(metrics_ptr + 1, num_experts)
                 add_metric(metrics_ptr + 2, 1 << 24)
+                add_metric(metrics_ptr + 3, 1)
+    elif STATIC_KEEP:
+        # static moe-spec: the calibrated set is known before the call, so no selection launch.  Every
+        # program derives the mask the selection's static rule and finish_keep would (no cap for
+        # moe-spec); program 0 stores it and adds the kept count and the call (the retained mass is
+        # route_mass's, below)
+        place = tl.load(static_ptr + e, mask=e_ok, other=2147483647)
+        keep = e_ok & (place < static_count) & (n_valid > 0)
+        if HAS_RANGE:
+            keep = tl.where((n_valid >= min_tokens) & (n_valid <= max_tokens), keep, e_ok)
+        if pid == 0:
+            tl.store(keep_ptr + e, keep, mask=e_ok)
+            if HAS_METRICS:
+                add_metric(metrics_ptr + 1, tl.sum(keep.to(tl.int32), axis=0))
                 add_metric(metrics_ptr + 3, 1)
     else:
         keep = (tl.load(keep_ptr + e, mask=e_ok, other=0) != 0) & e_ok

@@ -97,7 +97,8 @@ GROUP_WARP_ROUTING = True
 #: above one tile, 1.8-4.4 for the rules that score anyway.  Compiled for sm_90 (Triton 3.6) the
 #: selection of static moe-spec falls from 1338 to 120 instructions per program (Qwen3-30B-A3B, T=32)
 #: and the routing kernel grows from 465 to 1188 (docs/kernel-sass.md, "Seventeenth pass").  Not
-#: timed yet: ``bench_selection.py --select-mass`` sets it False, the other side of that A/B.
+#: timed yet: ``bench_selection.py --select-mass`` sets it False, the other side of that A/B.  With
+#: it, static moe-spec above one program launches the routing kernel alone (:func:`routes_static_alone`).
 ROUTING_SUMS_MASS = True
 GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
 #: The routing kernel's rows on a warp per group, at most: at T=512 on an H200 (dd6694a) a program per
@@ -322,13 +323,14 @@ class LaunchPlan:
     def single(self) -> bool:
         return self.num_parts == 1
 
-    def kernels(self, policy: str) -> tuple[str, ...]:
+    def kernels(self, policy: str, static_alone: bool = False) -> tuple[str, ...]:
         """The kernels one ``prune_route`` call launches, in order: the selection alone for one
         program; above, the selection, LYNX's per-row picks (lynx only) and the routing, or the
-        routing alone for ``none`` (every expert kept: nothing to select)."""
+        routing alone for ``none`` (every expert kept: nothing to select) and, where
+        :func:`routes_static_alone`, for static moe-spec (the calibrated set)."""
         if self.single:
             return ("select_kernel",)
-        if policy == "none":
+        if policy == "none" or static_alone:
             return ("route_kernel",)
         if policy == "lynx":
             return ("select_kernel", "lynx_pick_kernel", "route_kernel")
@@ -592,6 +594,19 @@ def _policy_args(cfg: PrunerConfig, call: RoutingCall) -> dict:
     )
 
 
+def routes_static_alone(cfg: PrunerConfig, has_metrics: bool) -> bool:
+    """Whether static moe-spec routes above one program with the routing kernel alone.
+
+    The calibrated set is known before the call, so each routing program derives the keep mask
+    itself and no selection launch comes before it (one launch, as for ``none``): about 2 us of
+    static moe-spec's cost above one tile on an H200 at f53d4e0 was that second launch.  The retained
+    mass then has to come from the routing (:data:`ROUTING_SUMS_MASS`); without it, only calls without
+    a metrics row.  Calls of one program, select-only calls and calls with stats keep the selection.
+    """
+    static = cfg.policy == "moe-spec" and cfg.ranking == "static" and cfg.scope != "request"
+    return static and (ROUTING_SUMS_MASS or not has_metrics)
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -662,6 +677,7 @@ def _launch_kernels(
     need_scores = policy["rule_scores"] or policy["has_cap"] or (has_metrics and not route_mass) or has_stats
     if cfg.policy == "none":
         need_scores = False  # every expert kept: the retained mass is whole, the aggregate unused
+    static_alone = route and not plan.single and not has_stats and routes_static_alone(cfg, has_metrics)
     num_groups = router.num_expert_group
     correction_bias = call.correction_bias
     has_bias = correction_bias is not None
@@ -779,6 +795,7 @@ def _launch_kernels(
         route_grid = (num_tokens,) if group_warps else (plan.route_programs,)
         route_args = dict(
             HAS_METRICS=has_metrics,
+            HAS_RANGE=has_range,
             SCORE_TOPK=cfg.effective_score == "topk",
             SCORE_KEY_SHIFT=key_shift,
             CHUNK_T=1 if group_warps else plan.route_rows,
@@ -790,9 +807,28 @@ def _launch_kernels(
         )
         # (the routing's kept and total mass in the aggregate's first two words: no selection of
         # such a rule touches the aggregate)
-        route_inputs = (*rows, *routing, keep, ws.visits, ws.tickets[1:], metrics, ws.aggregate, *aligned)
+        route_inputs = (
+            *rows,
+            *routing,
+            keep,
+            ws.visits,
+            ws.tickets[1:],
+            metrics,
+            ws.aggregate,
+            policy["static"] if static_alone else ws.placeholder_i32,
+            policy["count"],
+            cfg.min_tokens if cfg.min_tokens is not None else 0,
+            cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS,
+            *aligned,
+        )
     if route_only:
-        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=True, ROUTE_MASS=False, **route_args)
+        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=True, STATIC_KEEP=False, ROUTE_MASS=False, **route_args)
+        return
+    if static_alone:
+        assert policy["mode"] == "MODE_STATIC" and (route_mass or not has_metrics)
+        jit.route_kernel[route_grid](
+            *route_inputs, ALL_KEPT=False, STATIC_KEEP=True, ROUTE_MASS=route_mass, **route_args
+        )
         return
     jit.select_kernel[(plan.num_parts,)](
         *rows,
@@ -900,7 +936,9 @@ def _launch_kernels(
             launch_pdl=enable_pdl,
         )
     if route and not plan.single:
-        jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=False, ROUTE_MASS=route_mass, **route_args)
+        jit.route_kernel[route_grid](
+            *route_inputs, ALL_KEPT=False, STATIC_KEEP=False, ROUTE_MASS=route_mass, **route_args
+        )
 
 
 def prune_route(

@@ -266,6 +266,12 @@ class SelectionCase:
         # top-k stand-in, runs without: a top-k keeps no metrics)
         self.metrics = torch.zeros(4, dtype=torch.int64, device=device)
         self.with_metrics = not args.no_metrics
+        # --metrics-gate: the row comes with the gate a server refills per forward (1: this call adds
+        # its metrics, 0: a forward the server does not sample)
+        self.gate_value = {"open": 1, "closed": 0}.get(args.metrics_gate)
+        self.gate = (
+            None if self.gate_value is None else torch.full((1,), self.gate_value, dtype=torch.int32, device=device)
+        )
         # one call per rotated input, built (and checked) once, as the server builds one per layer call
         self.calls = [
             RoutingCall(
@@ -293,6 +299,7 @@ class SelectionCase:
             ids_out=self.ids,
             weights_out=self.weights,
             metrics_row=self.metrics_row(cfg),
+            metrics_gate=self.metrics_gate(cfg),
             workspace=self.workspace,
             enable_pdl=pdl,
         )
@@ -300,6 +307,10 @@ class SelectionCase:
     def metrics_row(self, cfg: PrunerConfig) -> torch.Tensor | None:
         """The metrics row a call of ``cfg`` writes: the plugin's, unless --no-metrics (or policy none)."""
         return None if cfg.policy == "none" or not self.with_metrics else self.metrics
+
+    def metrics_gate(self, cfg: PrunerConfig) -> torch.Tensor | None:
+        """The gate of the metrics row (--metrics-gate), with the row only."""
+        return None if self.metrics_row(cfg) is None else self.gate
 
     def topk(self, j: int):
         return sglang_native_topk(self.case.logits[j % len(self.case.logits)], self.model.router, self.bias)
@@ -328,7 +339,13 @@ class SelectionCase:
             correction_bias=self.bias.cpu() if self.bias is not None else None,
         )
         want_metrics = torch.zeros(4, dtype=torch.int64)
-        ref = prune_route_reference(on_cpu, cfg, metrics_row=None if self.metrics_row(cfg) is None else want_metrics)
+        gate = self.metrics_gate(cfg)
+        ref = prune_route_reference(
+            on_cpu,
+            cfg,
+            metrics_row=None if self.metrics_row(cfg) is None else want_metrics,
+            metrics_gate=None if gate is None else gate.cpu(),
+        )
         ids_equal = torch.equal(got.topk_ids.cpu(), ref.topk_ids) and torch.equal(got.keep.cpu(), ref.keep)
         got_weights = got.topk_weights.cpu()
         weight_err = float((got_weights - ref.topk_weights).abs().max()) if c.tokens else 0.0
@@ -491,6 +508,13 @@ def main() -> int:
         "metrics cost; the plugin always passes the row)",
     )
     parser.add_argument(
+        "--metrics-gate",
+        choices=("open", "closed"),
+        help="pass the metrics row with a device gate, as a server that samples its metrics does: open (1, the "
+        "call adds its metrics: what a sampled forward costs) or closed (0: what every other forward costs); "
+        "without it, no gate",
+    )
+    parser.add_argument(
         "--block-picks",
         action="store_true",
         help="run the calibrated rankings' greedy picks block-wide instead of in every warp "
@@ -521,6 +545,8 @@ def main() -> int:
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
+    if args.metrics_gate and args.no_metrics:
+        parser.error("--metrics-gate gates the metrics row, which --no-metrics leaves out: choose one")
     if args.block_picks:
         importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
     if args.tile_warps:
@@ -593,7 +619,10 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "skipped": [],
         "errors": [],
-        "metrics": "WITHOUT metrics (--no-metrics)" if args.no_metrics else "with the serving plugin's metrics row",
+        "metrics": "WITHOUT metrics (--no-metrics)"
+        if args.no_metrics
+        else "with the serving plugin's metrics row"
+        + (f", its gate {args.metrics_gate} (--metrics-gate)" if args.metrics_gate else ""),
         "picks": "block-wide (--block-picks)" if args.block_picks else "calibrated rankings' picks in every warp",
         "one_program_warps": "a tile's four (--tile-warps)" if args.tile_warps else "one per row",
         "group_warps": "off (--no-group-warps)"

@@ -208,7 +208,15 @@ def main() -> int:
         action="store_true",
         help="compile the calls without the serving plugin's metrics row (the A/B of the metrics' code)",
     )
+    parser.add_argument(
+        "--metrics-gate",
+        action="store_true",
+        help="compile the calls with the metrics row's device gate (the kernels hold both paths: a call whose gate "
+        "is 0 skips the metrics' code, which --no-metrics compiles out)",
+    )
     args = parser.parse_args()
+    if args.metrics_gate and args.no_metrics:
+        parser.error("--metrics-gate gates the metrics row, which --no-metrics leaves out: choose one")
     jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
     if args.block_picks:
         importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
@@ -247,6 +255,8 @@ def main() -> int:
                 if args.align:
                     extra["alignment"] = token_alignment(num_tokens, router.top_k, num_experts, args.align)
                 metrics_row = None if args.no_metrics else torch.zeros(4, dtype=torch.int64)
+                if args.metrics_gate:
+                    extra["metrics_gate"] = torch.ones(1, dtype=torch.int32)
                 launches = capture_launches(call, cfg, metrics_row=metrics_row, **extra)
                 for kernel, (grid, kernel_args, kwargs) in launches.items():
                     named = dict(zip(getattr(jit, kernel).arg_names, kernel_args, strict=False)) | kwargs

@@ -85,6 +85,27 @@ def test_bench_selection_without_the_metrics_row(tmp_path) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
+def test_bench_selection_with_a_closed_metrics_gate(tmp_path) -> None:
+    """--metrics-gate closed times the calls of a forward the server does not sample: the row is passed
+    with a gate of 0, so the kernels add nothing (the check compares the row with a reference that
+    added nothing either); the report says so.  With --no-metrics the option is refused."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--metrics-gate", "closed"]
+    command += ["--models", "tiny", "--policies", "oea,xshare,lynx", "--out-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = json.loads((tmp_path / "selection.json").read_text())["rows"]
+    assert sorted((r["T"], r["policy"]) for r in rows) == sorted(
+        (t, p) for t in (1, 40) for p in ("oea", "xshare", "lynx")
+    )
+    for r in rows:
+        assert r["with_metrics"] and r["metrics_equal"] and r["checks_ok"], r
+    assert "its gate closed (--metrics-gate)" in (tmp_path / "selection.md").read_text()
+    refused = subprocess.run([*command, "--no-metrics"], capture_output=True, text=True, env=env, timeout=600)
+    assert refused.returncode == 2 and "--metrics-gate gates the metrics row" in refused.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
 def test_bench_selection_with_block_picks(tmp_path) -> None:
     """--block-picks (gpu_check's picks stage) runs the calibrated rankings' greedy picks block-wide, and
     --tile-warps (its warps stage) one-program calls on a tile's four warps instead of a warp per row,

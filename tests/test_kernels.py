@@ -1136,6 +1136,126 @@ def test_retained_mass_of_rules_without_scores_is_summed_by_the_routing(
         assert not workspace.counters.cpu().any()
 
 
+# (policy, T, E, routing, launch): every kind of launch a gate reaches.  One program: the rules whose
+# scores only the retained mass wants (oea, static moe-spec, LYNX), a rule that scores anyway, none.
+# Above one: the routing's retained mass (and with the folded alignment, whose ticket stays), static
+# moe-spec's routing kernel alone, LYNX's three kernels, the per-request selection, none's routing
+# alone, and a select-only call.
+GATE_CASES = [
+    ("oea", 1, 128, "softmax", "route"),
+    ("moe-spec-static", 4, 64, "softmax", "route"),
+    ("lynx", 5, 60, "sigmoid", "route"),
+    ("xshare", 7, 160, "biased", "route"),
+    ("none", 1, 256, "biased", "route"),
+    ("oea", 64, 160, "biased", "route"),
+    ("oea", 40, 64, "softmax", "align"),
+    ("moe-spec-static", 40, 256, "biased", "route"),
+    ("lynx", 64, 128, "softmax", "route"),
+    ("xshare-spec", 48, 64, "sigmoid", "route"),
+    ("none", 64, 128, "grouped", "route"),
+    ("xshare", 64, 60, "softmax", "select"),
+]
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(("rule", "num_tokens", "num_experts", "routing", "launch"), GATE_CASES)
+def test_a_metrics_gate_of_zero_adds_nothing_and_leaves_the_counters_clean(
+    rule, num_tokens, num_experts, routing, launch, tmp_path
+) -> None:
+    """With a metrics gate, a call adds its metrics only while the gate holds a nonzero value: three
+    calls on one workspace with the gate refilled in place (0, 1, 0, as a server samples one forward
+    in a few) leave the metrics row at the reference's sums after each (0 after the first; the
+    second's exact metrics after the third), the mask, ids and (with the folded alignment) the sorted
+    slots equal the reference's every time, and every counter of the workspace, the routing's visit
+    words included, is back at 0 after each call."""
+    from xshare_sglang.bench.kernel_compile import capture_launches
+    from xshare_sglang.policies.token_alignment import align_reference
+
+    cfg = {
+        "oea": PrunerConfig(policy="oea", k0=2),
+        "moe-spec-static": _static_ranking(tmp_path, num_experts, 17),
+        "lynx": PrunerConfig(policy="lynx", beta=3),
+        "xshare": PrunerConfig(policy="xshare", k0=1, budget=12),
+        "xshare-spec": PrunerConfig(policy="xshare-spec", k0=1, request_budget=2, budget=6),
+        "none": PrunerConfig(policy="none"),
+    }[rule]
+    seed = 3 * num_tokens + num_experts
+    router, bias = _router(routing, 4, num_experts, seed)
+    fields = dict(correction_bias=bias, num_valid_tokens=num_tokens - (num_tokens > 4), layer_id=1)
+    if rule == "xshare-spec":
+        fields["tokens_per_request"] = 4
+    workspace = SelectionWorkspace(num_experts, DEVICE)
+    gate = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    want_metrics = torch.zeros(4, dtype=torch.int64)
+    for step, value in enumerate((0, 1, 0)):
+        gate.fill_(value)
+        logits = make_logits(num_tokens, num_experts, "normal", seed=seed + step)
+        call = routing_call(logits, router, device=DEVICE, as_tensor=True, **fields)
+        reference_call = routing_call(logits, router, **fields)
+        if launch == "select":
+            want = select(reference_call, cfg)[0]
+            reference_metrics = torch.zeros(4, dtype=torch.int64)
+            prune_route_reference(reference_call, cfg, metrics_row=reference_metrics)
+            reference_metrics[0] = 0  # select-only: the activated experts are the router's to add
+            want_metrics += reference_metrics * value
+            got = select_keep_mask(call, cfg, metrics_row=metrics, metrics_gate=gate, workspace=workspace)
+            assert got.cpu().tolist() == want.tolist(), step
+        else:
+            alignment = None
+            if launch == "align":
+                alignment = token_alignment(num_tokens, router.top_k, num_experts, 16, device=DEVICE)
+            want = prune_route_reference(
+                reference_call, cfg, metrics_row=want_metrics, metrics_gate=torch.tensor([value], dtype=torch.int32)
+            )
+            got = prune_route(
+                call, cfg, metrics_row=metrics, metrics_gate=gate, workspace=workspace, alignment=alignment
+            )
+            assert got.keep.cpu().tolist() == want.keep.tolist(), step
+            assert got.topk_ids.cpu().tolist() == want.topk_ids.tolist(), step
+            if alignment is not None:
+                sorted_ids, expert_ids, bounds = align_reference(want.topk_ids, 16, num_experts, 0)
+                end = int(bounds[-1])
+                assert alignment.bounds.cpu().tolist() == bounds.tolist(), step
+                assert alignment.sorted_ids[:end].cpu().tolist() == sorted_ids.tolist(), step
+                assert alignment.expert_ids[: end // 16].cpu().tolist() == expert_ids.tolist(), step
+        assert metrics.cpu().tolist() == want_metrics.tolist(), step
+        assert not workspace.counters.cpu().any(), step
+        assert not workspace.visits.cpu().any(), step
+    assert want_metrics[3] == 1 and want_metrics[1] > 0  # the one call with the gate open counted
+    # every kernel of the call reads the gate
+    launches = (
+        capture_launches(
+            routing_call(logits, router, as_tensor=True, **fields),
+            cfg,
+            metrics_row=torch.zeros(4, dtype=torch.int64),
+            metrics_gate=torch.ones(1, dtype=torch.int32),
+            **({"alignment": token_alignment(num_tokens, router.top_k, num_experts, 16)} if launch == "align" else {}),
+        )
+        if launch != "select"
+        else {}
+    )
+    assert all(kwargs["GATED"] for _, _, kwargs in launches.values() if "GATED" in kwargs)
+    if "select_kernel" in launches:
+        # scores that only the retained mass wants are computed in the calls that add metrics alone
+        metric_scores = rule in ("oea", "moe-spec-static", "lynx") and launches["select_kernel"][0] == (1,)
+        assert launches["select_kernel"][2]["METRIC_SCORES"] == metric_scores
+    assert all("GATED" in kwargs for name, (_, _, kwargs) in launches.items() if name != "fill_kernel")
+
+
+def test_a_metrics_gate_needs_its_row_and_a_one_word_int32() -> None:
+    """A gate without the row it gates, or of another shape or dtype, is refused, naming it."""
+    call = routing_call(make_logits(4, 64, "normal", seed=1), 4)
+    row = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="metrics_gate gates the metrics_row"):
+        prune_route_reference(call, PrunerConfig(policy="oea"), metrics_gate=torch.ones(1, dtype=torch.int32))
+    for bad in (torch.ones(2, dtype=torch.int32), torch.ones(1, dtype=torch.int64)):
+        with pytest.raises(ValueError, match=r"metrics_gate must be a torch.int32 tensor of shape \(1,\)"):
+            prune_route(call, PrunerConfig(policy="oea"), metrics_row=row, metrics_gate=bad)
+        with pytest.raises(ValueError, match="metrics_gate must be"):
+            select_keep_mask(call, PrunerConfig(policy="oea"), metrics_row=row, metrics_gate=bad)
+
+
 @pytest.mark.fused_selection
 def test_a_call_that_fails_part_way_resets_the_counters(monkeypatch) -> None:
     """LYNX's aggregate is cleared by its second kernel: when that launch fails after the selection

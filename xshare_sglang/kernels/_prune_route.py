@@ -1165,6 +1165,17 @@ def add_metric(ptr, value):
 
 
 @triton.jit
+def metrics_on(gate_ptr, GATED: tl.constexpr):
+    """Whether this call adds its metrics: with ``GATED``, the caller's device gate (an int32, nonzero:
+    add them), read by every program, so every program of every kernel of the call takes the same
+    branch; without, always.  (A constant true branch compiles away.)"""
+    if GATED:
+        return tl.load(gate_ptr) != 0
+    else:
+        return tl.full([], 1, tl.int1)
+
+
+@triton.jit
 def warp_halves(x, SUB: tl.constexpr, WARPS: tl.constexpr):
     """A [2 * SUB] vector as two [WARPS, SUB] tiles (experts [0, SUB) and [SUB, 2 * SUB)), each row a
     copy: the picks below hold one copy per warp."""
@@ -1328,6 +1339,7 @@ def finish_keep(
     max_tokens,
     keep_ptr,
     metrics_ptr,
+    collect,
     stats_ptr,
     HAS_CAP: tl.constexpr,
     HAS_RANGE: tl.constexpr,
@@ -1343,7 +1355,8 @@ def finish_keep(
     queues them without waiting, where a load-add-store waited a memory round trip per column and
     held back every load after it (the routing's logits in a one-program call).  Without scores
     (policy ``none``, every expert kept) the retained mass is whole.  With ``ROUTE_MASS`` the routing
-    kernel adds the retained mass (``route_mass``), and this adds the other two columns."""
+    kernel adds the retained mass (``route_mass``), and this adds the other two columns.  ``collect``:
+    this call adds its metrics (:func:`metrics_on`)."""
     if HAS_CAP:
         # the [E, E] order only when the cap binds
         if tl.sum((keep & e_ok).to(tl.int32), axis=0) > cap:
@@ -1359,20 +1372,21 @@ def finish_keep(
         tl.store(stats_ptr, tl.sum(tl.where(keep, agg, 0), axis=0))
         tl.store(stats_ptr + 1, tl.sum(agg, axis=0))
     if HAS_METRICS:
-        if NEED_SCORES and not ROUTE_MASS:
-            total = tl.sum(agg, axis=0)
-            # the kept mass and the kept count in one sum: agg << 10 | 1 per kept expert (aggregates
-            # stay below 2**53 and at most 512 experts are kept, as the set rules' order keys assume)
-            kept_packed = tl.sum(tl.where(keep, (agg << 10) + 1, 0), axis=0)
-            kept_count = kept_packed & 1023
-            retained = retained_share(kept_packed >> 10, total)
-        else:
-            kept_count = tl.sum(keep.to(tl.int32), axis=0)
-            retained = tl.full([], 1 << 24, tl.int64)
-        add_metric(metrics_ptr + 1, kept_count)
-        if not ROUTE_MASS:
-            add_metric(metrics_ptr + 2, retained)
-        add_metric(metrics_ptr + 3, 1)
+        if collect:
+            if NEED_SCORES and not ROUTE_MASS:
+                total = tl.sum(agg, axis=0)
+                # the kept mass and the kept count in one sum: agg << 10 | 1 per kept expert (aggregates
+                # stay below 2**53 and at most 512 experts are kept, as the set rules' order keys assume)
+                kept_packed = tl.sum(tl.where(keep, (agg << 10) + 1, 0), axis=0)
+                kept_count = kept_packed & 1023
+                retained = retained_share(kept_packed >> 10, total)
+            else:
+                kept_count = tl.sum(keep.to(tl.int32), axis=0)
+                retained = tl.full([], 1 << 24, tl.int64)
+            add_metric(metrics_ptr + 1, kept_count)
+            if not ROUTE_MASS:
+                add_metric(metrics_ptr + 2, retained)
+            add_metric(metrics_ptr + 3, 1)
     return keep
 
 
@@ -1583,6 +1597,7 @@ def select_kernel(
     # outputs
     keep_ptr,
     metrics_ptr,
+    metrics_gate_ptr,
     stats_ptr,
     # routing (SINGLE and ROUTE only)
     bias_ptr,
@@ -1615,6 +1630,8 @@ def select_kernel(
     HAS_CAP: tl.constexpr,
     HAS_RANGE: tl.constexpr,
     HAS_METRICS: tl.constexpr,
+    GATED: tl.constexpr,
+    METRIC_SCORES: tl.constexpr,
     HAS_STATS: tl.constexpr,
     ROUTE_MASS: tl.constexpr,
     SINGLE: tl.constexpr,
@@ -1660,6 +1677,13 @@ def select_kernel(
     e = tl.arange(0, BLOCK_E)
     e_ok = e < num_experts
     n_valid = num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR)
+    collect = metrics_on(metrics_gate_ptr, GATED)
+    # scores wanted: always when the rule, its cap or the stats read them; when only the metrics do
+    # (METRIC_SCORES: oea, static moe-spec and LYNX in one program), only in calls that add metrics
+    if METRIC_SCORES:
+        scoring = collect
+    else:
+        scoring = tl.full([], 1, tl.int1)
 
     agg = tl.zeros([BLOCK_E], tl.int64)
     cover_agg = tl.zeros([BLOCK_E], tl.int64)  # the coverage greedy's column sums, on its grid
@@ -1674,11 +1698,15 @@ def select_kernel(
     # (the wrapper passes k0 = 0 and no per-request or LYNX work for them)
     if (MODE != MODE_ALL and MODE != MODE_STATIC) or NEED_SCORES:
         if NEED_SCORES and SCORE_TOPK:
-            n_iter = tl.maximum(top_k, k0)
+            n_iter = tl.where(scoring, tl.maximum(top_k, k0), k0)
         else:
             n_iter = k0
+        if MODE == MODE_ALL or MODE == MODE_STATIC:
+            rows_read = tl.where(scoring, num_rows, 0)  # the rows hold nothing else for these rules
+        else:
+            rows_read = num_rows
         bin_id = tl.arange(0, BLOCK_BINS)
-        for r0 in range(0, num_rows, rows_per_request):
+        for r0 in range(0, rows_read, rows_per_request):
             agg_r = tl.zeros([BLOCK_E], tl.int64)
             warm_r = tl.zeros([BLOCK_E], tl.int32)
             votes_r = tl.zeros([], tl.int32)
@@ -1698,52 +1726,53 @@ def select_kernel(
                 warm_rows = (rank < k0) & row_ok[:, None]
                 warm_r = tl.maximum(warm_r, tl.max(warm_rows.to(tl.int32), axis=0))
                 if NEED_SCORES:
-                    if SCORE_TOPK:
-                        member = rank < top_k
-                    else:
-                        member = candidate
-                    q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
-                    agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
-                    if MODE == MODE_COVERAGE and not SINGLE:
-                        cover_agg += tl.sum(tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS), axis=0)
-                    if MODE == MODE_COVERAGE and COVER_PAIRS:
-                        # top-k scores: each voting row adds c[t, i] * c[t, j] to C[i, j] for every
-                        # pair of its scored experts, one of its picks at a time; phase B's gains are
-                        # then COVER_ONE * column sum - the kept experts' rows of C
-                        cq = tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS)
-                        # a score and its expert in one int32 (c <= 2**16, ids below 1024): one
-                        # reduction per pick gives both
-                        packed = (cq.to(tl.int32) << 10) | e[None, :]
-                        for b in range(0, top_k):
-                            picked_b = tl.sum(tl.where(rank == b, packed, 0), axis=1)
-                            id_b = picked_b & 1023
-                            cq_b = (picked_b >> 10).to(tl.int64)
-                            # (the diagonal is never read: a kept expert's own gain no longer counts)
-                            tl.atomic_add(
-                                cover_pairs_ptr + id_b.to(tl.int64)[:, None] * num_experts + e[None, :],
-                                cq * cq_b[:, None],
-                                mask=(in_block & (cq_b != 0))[:, None] & (cq != 0) & (e[None, :] != id_b[:, None]),
-                                sem="relaxed",
-                            )
-                    elif MODE == MODE_COVERAGE:
-                        # every row's scores (0 on rows that do not vote), for the greedy of phase B
-                        tl.store(
-                            row_scores_ptr + rows[:, None] * num_experts + e[None, :],
-                            tl.where(row_ok[:, None], q, 0).to(tl.int32),
-                            mask=in_block[:, None] & e_ok[None, :],
-                        )
-                        if COVER_LISTS:
-                            # each voting row joins the list of every expert it scores: a pick then
-                            # revisits only the rows whose coverage it changes
-                            listed = (in_block & row_ok)[:, None] & e_ok[None, :] & (q != 0)
-                            slot = tl.atomic_add(
-                                cover_count_ptr + (e[None, :] + 0 * rows[:, None]), 1, mask=listed, sem="relaxed"
-                            )
+                    if scoring:
+                        if SCORE_TOPK:
+                            member = rank < top_k
+                        else:
+                            member = candidate
+                        q = fixed_scores(x, member, wq, SIGMOID, SCORE_TOPK, HAS_WEIGHTS)
+                        agg_r += tl.sum(tl.where(row_ok[:, None], q, 0), axis=0)
+                        if MODE == MODE_COVERAGE and not SINGLE:
+                            cover_agg += tl.sum(tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS), axis=0)
+                        if MODE == MODE_COVERAGE and COVER_PAIRS:
+                            # top-k scores: each voting row adds c[t, i] * c[t, j] to C[i, j] for every
+                            # pair of its scored experts, one of its picks at a time; phase B's gains are
+                            # then COVER_ONE * column sum - the kept experts' rows of C
+                            cq = tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS)
+                            # a score and its expert in one int32 (c <= 2**16, ids below 1024): one
+                            # reduction per pick gives both
+                            packed = (cq.to(tl.int32) << 10) | e[None, :]
+                            for b in range(0, top_k):
+                                picked_b = tl.sum(tl.where(rank == b, packed, 0), axis=1)
+                                id_b = picked_b & 1023
+                                cq_b = (picked_b >> 10).to(tl.int64)
+                                # (the diagonal is never read: a kept expert's own gain no longer counts)
+                                tl.atomic_add(
+                                    cover_pairs_ptr + id_b.to(tl.int64)[:, None] * num_experts + e[None, :],
+                                    cq * cq_b[:, None],
+                                    mask=(in_block & (cq_b != 0))[:, None] & (cq != 0) & (e[None, :] != id_b[:, None]),
+                                    sem="relaxed",
+                                )
+                        elif MODE == MODE_COVERAGE:
+                            # every row's scores (0 on rows that do not vote), for the greedy of phase B
                             tl.store(
-                                cover_rows_ptr + e[None, :] * cover_capacity + slot,
-                                rows[:, None] + 0 * e[None, :],
-                                mask=listed,
+                                row_scores_ptr + rows[:, None] * num_experts + e[None, :],
+                                tl.where(row_ok[:, None], q, 0).to(tl.int32),
+                                mask=in_block[:, None] & e_ok[None, :],
                             )
+                            if COVER_LISTS:
+                                # each voting row joins the list of every expert it scores: a pick then
+                                # revisits only the rows whose coverage it changes
+                                listed = (in_block & row_ok)[:, None] & e_ok[None, :] & (q != 0)
+                                slot = tl.atomic_add(
+                                    cover_count_ptr + (e[None, :] + 0 * rows[:, None]), 1, mask=listed, sem="relaxed"
+                                )
+                                tl.store(
+                                    cover_rows_ptr + e[None, :] * cover_capacity + slot,
+                                    rows[:, None] + 0 * e[None, :],
+                                    mask=listed,
+                                )
             agg += agg_r
             warm = tl.maximum(warm, warm_r)
             if PER_REQUEST:
@@ -2046,6 +2075,7 @@ def select_kernel(
             max_tokens,
             keep_ptr,
             metrics_ptr,
+            collect,
             stats_ptr,
             HAS_CAP,
             HAS_RANGE,
@@ -2116,7 +2146,8 @@ def select_kernel(
                         ALIGN_B,
                     )
             if HAS_METRICS:
-                add_metric(metrics_ptr, tl.sum(used, axis=0))
+                if collect:
+                    add_metric(metrics_ptr, tl.sum(used, axis=0))
             if ALIGN:
                 tl.debug_barrier()
                 align_finish(
@@ -2199,6 +2230,7 @@ def lynx_pick_kernel(
     ticket_ptr,
     keep_ptr,
     metrics_ptr,
+    metrics_gate_ptr,
     stats_ptr,
     HAS_NV_PTR: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
@@ -2206,6 +2238,7 @@ def lynx_pick_kernel(
     HAS_CAP: tl.constexpr,
     HAS_RANGE: tl.constexpr,
     HAS_METRICS: tl.constexpr,
+    GATED: tl.constexpr,
     HAS_STATS: tl.constexpr,
     ROUTE_MASS: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
@@ -2266,6 +2299,7 @@ def lynx_pick_kernel(
             max_tokens,
             keep_ptr,
             metrics_ptr,
+            metrics_on(metrics_gate_ptr, GATED),
             stats_ptr,
             HAS_CAP,
             HAS_RANGE,
@@ -2306,6 +2340,7 @@ def route_kernel(
     visits_ptr,
     ticket_ptr,
     metrics_ptr,
+    metrics_gate_ptr,
     mass_ptr,
     static_ptr,
     static_count,
@@ -2328,6 +2363,7 @@ def route_kernel(
     HAS_SCALE: tl.constexpr,
     FILL: tl.constexpr,
     HAS_METRICS: tl.constexpr,
+    GATED: tl.constexpr,
     ROUTE_MASS: tl.constexpr,
     SCORE_TOPK: tl.constexpr,
     SCORE_KEY_SHIFT: tl.constexpr,
@@ -2353,6 +2389,7 @@ def route_kernel(
     e = tl.arange(0, BLOCK_E)
     e_ok = e < num_experts
     n_valid = num_valid_tokens(n_valid_ptr, n_valid_arg, num_tokens, HAS_NV_PTR)
+    collect = metrics_on(metrics_gate_ptr, GATED)
     if ALL_KEPT:
         # policy none: no selection launch; program 0 writes the full mask and the call's metrics
         # (every expert kept, the whole score mass retained, as the selection kernel would)
@@ -2360,9 +2397,10 @@ def route_kernel(
         if pid == 0:
             tl.store(keep_ptr + e, keep, mask=e_ok)
             if HAS_METRICS:
-                add_metric(metrics_ptr + 1, num_experts)
-                add_metric(metrics_ptr + 2, 1 << 24)
-                add_metric(metrics_ptr + 3, 1)
+                if collect:
+                    add_metric(metrics_ptr + 1, num_experts)
+                    add_metric(metrics_ptr + 2, 1 << 24)
+                    add_metric(metrics_ptr + 3, 1)
     elif STATIC_KEEP:
         # static moe-spec: the calibrated set is known before the call, so no selection launch.  Every
         # program derives the mask the selection's static rule and finish_keep would (no cap for
@@ -2375,8 +2413,9 @@ def route_kernel(
         if pid == 0:
             tl.store(keep_ptr + e, keep, mask=e_ok)
             if HAS_METRICS:
-                add_metric(metrics_ptr + 1, tl.sum(keep.to(tl.int32), axis=0))
-                add_metric(metrics_ptr + 3, 1)
+                if collect:
+                    add_metric(metrics_ptr + 1, tl.sum(keep.to(tl.int32), axis=0))
+                    add_metric(metrics_ptr + 3, 1)
     else:
         keep = (tl.load(keep_ptr + e, mask=e_ok, other=0) != 0) & e_ok
     rows = pid * CHUNK_T + tl.arange(0, CHUNK_T)
@@ -2435,66 +2474,76 @@ def route_kernel(
             ALIGN_B,
         )
     if HAS_METRICS:
-        # the activated experts without a ticket: each program adds to every expert's int64 word one
-        # visit (low half) and, where it routed a token, one mark (high half).  The program whose add
-        # finds P - 1 visits before its own is the last to touch that word in this call: it counts the
-        # expert when any program marked it, and clears the word for the next call
-        visit = tl.where(used != 0, (1 << 32) + 1, 1).to(tl.int64)
-        before = tl.atomic_add(visits_ptr + e, visit, mask=e_ok, sem="relaxed")
-        marks_before = before >> 32
-        last_visit = e_ok & (before - (marks_before << 32) == tl.num_programs(0) - 1)
-        activated = last_visit & ((marks_before > 0) | (used != 0))
-        tl.atomic_add(metrics_ptr + e * 0, tl.full([BLOCK_E], 1, tl.int64), mask=activated, sem="relaxed")
-        tl.store(visits_ptr + e, tl.zeros([BLOCK_E], tl.int64), mask=last_visit)
+        if collect:
+            # the activated experts without a ticket: each program adds to every expert's int64 word
+            # one visit (low half) and, where it routed a token, one mark (high half).  The program
+            # whose add finds P - 1 visits before its own is the last to touch that word in this call:
+            # it counts the expert when any program marked it, and clears the word for the next call
+            visit = tl.where(used != 0, (1 << 32) + 1, 1).to(tl.int64)
+            before = tl.atomic_add(visits_ptr + e, visit, mask=e_ok, sem="relaxed")
+            marks_before = before >> 32
+            last_visit = e_ok & (before - (marks_before << 32) == tl.num_programs(0) - 1)
+            activated = last_visit & ((marks_before > 0) | (used != 0))
+            tl.atomic_add(metrics_ptr + e * 0, tl.full([BLOCK_E], 1, tl.int64), mask=activated, sem="relaxed")
+            tl.store(visits_ptr + e, tl.zeros([BLOCK_E], tl.int64), mask=last_visit)
     if ROUTE_MASS:
-        # the retained mass of a rule that needs no scores: this tile's kept and total score mass
-        kept_mass, total_mass = route_mass(
-            logits_ptr,
-            stride_t,
-            stride_e,
-            rows,
-            rows < num_tokens,
-            n_valid,
-            weights_ptr,
-            keep,
-            e,
-            e_ok,
-            top_k,
-            HAS_WEIGHTS,
-            SCORE_TOPK,
-            SIGMOID,
-            SCORE_KEY_SHIFT,
-        )
-        tl.atomic_add(mass_ptr, kept_mass, sem="relaxed")
-        tl.atomic_add(mass_ptr + 1, total_mass, sem="relaxed")
+        if collect:
+            # the retained mass of a rule that needs no scores: this tile's kept and total score mass
+            kept_mass, total_mass = route_mass(
+                logits_ptr,
+                stride_t,
+                stride_e,
+                rows,
+                rows < num_tokens,
+                n_valid,
+                weights_ptr,
+                keep,
+                e,
+                e_ok,
+                top_k,
+                HAS_WEIGHTS,
+                SCORE_TOPK,
+                SIGMOID,
+                SCORE_KEY_SHIFT,
+            )
+            tl.atomic_add(mass_ptr, kept_mass, sem="relaxed")
+            tl.atomic_add(mass_ptr + 1, total_mass, sem="relaxed")
     if ALIGN or ROUTE_MASS:
-        tl.debug_barrier()  # every thread's atomics and stores before the ticket (acquire-release)
-        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
-        if ticket == tl.num_programs(0) - 1:
-            tl.store(ticket_ptr, 0)  # every program has its ticket: back at 0 for the next call
-            if ROUTE_MASS:
-                kept_total = tl.load(mass_ptr, cache_modifier=".cg")
-                total = tl.load(mass_ptr + 1, cache_modifier=".cg")
-                add_metric(metrics_ptr + 2, retained_share(kept_total, total))
-                tl.debug_barrier()  # every thread's loads before the zeros
-                tl.store(mass_ptr, tl.zeros([], tl.int64))
-                tl.store(mass_ptr + 1, tl.zeros([], tl.int64))
-            if ALIGN:
-                align_finish(
-                    ids_ptr,
-                    ids_stride,
-                    top_k,
-                    num_tokens,
-                    tl.num_programs(0),
-                    expert_offset,
-                    num_local,
-                    align_counts_ptr,
-                    align_rank_ptr,
-                    sorted_ptr,
-                    blocks_ptr,
-                    bounds_ptr,
-                    CHUNK_T,
-                    BLOCK_K,
-                    ALIGN_B,
-                    BLOCK_M,
-                )
+        # the retained mass alone takes no ticket in a call without metrics (the same gate in every
+        # program: all of them take one, or none)
+        if ALIGN:
+            ticketed = tl.full([], 1, tl.int1)
+        else:
+            ticketed = collect
+        if ticketed:
+            tl.debug_barrier()  # every thread's atomics and stores before the ticket (acquire-release)
+            ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+            if ticket == tl.num_programs(0) - 1:
+                tl.store(ticket_ptr, 0)  # every program has its ticket: back at 0 for the next call
+                if ROUTE_MASS:
+                    if collect:
+                        kept_total = tl.load(mass_ptr, cache_modifier=".cg")
+                        total = tl.load(mass_ptr + 1, cache_modifier=".cg")
+                        add_metric(metrics_ptr + 2, retained_share(kept_total, total))
+                        tl.debug_barrier()  # every thread's loads before the zeros
+                        tl.store(mass_ptr, tl.zeros([], tl.int64))
+                        tl.store(mass_ptr + 1, tl.zeros([], tl.int64))
+                if ALIGN:
+                    align_finish(
+                        ids_ptr,
+                        ids_stride,
+                        top_k,
+                        num_tokens,
+                        tl.num_programs(0),
+                        expert_offset,
+                        num_local,
+                        align_counts_ptr,
+                        align_rank_ptr,
+                        sorted_ptr,
+                        blocks_ptr,
+                        bounds_ptr,
+                        CHUNK_T,
+                        BLOCK_K,
+                        ALIGN_B,
+                        BLOCK_M,
+                    )

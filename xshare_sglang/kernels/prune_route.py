@@ -35,7 +35,7 @@ from ..policies.call import RoutingCall
 from ..policies.greedy import tau_fixed_point
 from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.prune_route import PrunedRouting, check_outputs, route_checked
-from ..policies.rewrite import selection_metrics
+from ..policies.rewrite import add_metrics, selection_metrics
 from ..policies.scores import float32_value
 from ..policies.token_alignment import TokenAlignment, write_alignment
 
@@ -643,6 +643,7 @@ def _launch_kernels(
     weights: torch.Tensor | None = None,
     fill_dropped: bool = False,
     metrics_row: torch.Tensor | None = None,
+    metrics_gate: torch.Tensor | None = None,
     stats_out: torch.Tensor | None = None,
     alignment: TokenAlignment | None = None,
     enable_pdl: bool = False,
@@ -677,6 +678,10 @@ def _launch_kernels(
     need_scores = policy["rule_scores"] or policy["has_cap"] or (has_metrics and not route_mass) or has_stats
     if cfg.policy == "none":
         need_scores = False  # every expert kept: the retained mass is whole, the aggregate unused
+    # with a gate, the kernels read it and skip the metrics' work in calls that add none: the scores
+    # when only the retained mass wants them, the activated count, the routing's mass and its ticket
+    gated = has_metrics and metrics_gate is not None
+    metric_scores = need_scores and not (policy["rule_scores"] or policy["has_cap"] or has_stats)
     static_alone = route and not plan.single and not has_stats and routes_static_alone(cfg, has_metrics)
     num_groups = router.num_expert_group
     correction_bias = call.correction_bias
@@ -737,6 +742,7 @@ def _launch_kernels(
         scale,
     )
     metrics = metrics_row if has_metrics else ws.mass
+    gate = metrics_gate if gated else ws.placeholder_i32
     # the routed slots sorted by expert, written by the launches that route (see _prune_route.align_finish)
     align = alignment is not None
     if align:
@@ -795,6 +801,7 @@ def _launch_kernels(
         route_grid = (num_tokens,) if group_warps else (plan.route_programs,)
         route_args = dict(
             HAS_METRICS=has_metrics,
+            GATED=gated,
             HAS_RANGE=has_range,
             SCORE_TOPK=cfg.effective_score == "topk",
             SCORE_KEY_SHIFT=key_shift,
@@ -814,6 +821,7 @@ def _launch_kernels(
             ws.visits,
             ws.tickets[1:],
             metrics,
+            gate,
             ws.aggregate,
             policy["static"] if static_alone else ws.placeholder_i32,
             policy["count"],
@@ -863,6 +871,7 @@ def _launch_kernels(
         ws.tickets,
         keep,
         metrics,
+        gate,
         stats_out if has_stats else ws.mass,
         *routing,
         *aligned,
@@ -875,6 +884,8 @@ def _launch_kernels(
         HAS_CAP=policy["has_cap"],
         HAS_RANGE=has_range,
         HAS_METRICS=has_metrics,
+        GATED=gated,
+        METRIC_SCORES=metric_scores,
         HAS_STATS=has_stats,
         ROUTE_MASS=route_mass,
         SINGLE=plan.single,
@@ -917,6 +928,7 @@ def _launch_kernels(
             ws.tickets[2:],
             keep,
             metrics,
+            gate,
             stats_out if has_stats else ws.mass,
             HAS_NV_PTR=nv_tensor,
             HAS_WEIGHTS=has_weights,
@@ -924,6 +936,7 @@ def _launch_kernels(
             HAS_CAP=policy["has_cap"],
             HAS_RANGE=has_range,
             HAS_METRICS=has_metrics,
+            GATED=gated,
             HAS_STATS=has_stats,
             ROUTE_MASS=route_mass,
             KEY_SHIFT=key_shift,
@@ -950,6 +963,7 @@ def prune_route(
     ids_out: torch.Tensor | None = None,
     weights_out: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
+    metrics_gate: torch.Tensor | None = None,
     alignment: TokenAlignment | None = None,
     workspace: SelectionWorkspace | None = None,
     enable_pdl: bool = False,
@@ -977,12 +991,14 @@ def prune_route(
     PrunedRouting
         ``topk_ids`` [T, top_k] int32, ``topk_weights`` [T, top_k] float32, ``keep`` [E] bool.
     """
-    check_outputs(call, keep_out, ids_out, weights_out, metrics_row)
+    check_outputs(call, keep_out, ids_out, weights_out, metrics_row, metrics_gate)
     if alignment is not None:
         check_alignment(call, alignment)
     if enable_pdl:
         check_pdl(call.device)
-    outputs = dict(keep_out=keep_out, ids_out=ids_out, weights_out=weights_out, metrics_row=metrics_row)
+    outputs = dict(
+        keep_out=keep_out, ids_out=ids_out, weights_out=weights_out, metrics_row=metrics_row, metrics_gate=metrics_gate
+    )
     reason = unsupported_reason(call, cfg)
     if reason is not None:
         _report(reason)
@@ -1009,6 +1025,7 @@ def prune_route(
         weights=weights,
         fill_dropped=fill_dropped,
         metrics_row=metrics_row,
+        metrics_gate=metrics_gate,
         workspace=workspace,
         alignment=alignment,
         # not under the interpreter, which runs no PTX (read from the environment itself: the
@@ -1066,6 +1083,7 @@ def select_keep_mask(
     out: torch.Tensor | None = None,
     stats_out: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
+    metrics_gate: torch.Tensor | None = None,
     workspace: SelectionWorkspace | None = None,
 ) -> torch.Tensor:
     """Keep mask of one MoE layer call, computed on the device in one launch.
@@ -1086,6 +1104,9 @@ def select_keep_mask(
         :func:`~xshare_sglang.policies.rewrite.selection_metrics` computes them), added by the
         kernel that finishes the mask.  Column 0, the activated experts, is left to whoever routes
         the call.
+    metrics_gate : Tensor, shape [1], int32, optional
+        With ``metrics_row``: add them only while this device value is nonzero (see
+        :func:`prune_route`).
     workspace : SelectionWorkspace, optional
 
     Returns
@@ -1097,7 +1118,7 @@ def select_keep_mask(
         raise ValueError(f"out must be a bool tensor of shape ({num_experts},) on {call.device}")
     if stats_out is not None and (stats_out.shape != (2,) or stats_out.dtype != torch.int64):
         raise ValueError("stats_out must be an int64 tensor of shape (2,)")
-    check_outputs(call, None, None, None, metrics_row)
+    check_outputs(call, None, None, None, metrics_row, metrics_gate)
     if cfg.policy == "none" and stats_out is None and metrics_row is None:
         return torch.ones(num_experts, dtype=torch.bool, device=call.device) if out is None else out.fill_(True)
     reason = unsupported_reason(call, cfg)
@@ -1109,9 +1130,18 @@ def select_keep_mask(
             stats_out[0] = kept_total
             stats_out[1] = total
         if metrics_row is not None:
-            metrics_row.add_(selection_metrics(keep, kept_total, total))
+            add_metrics(metrics_row, selection_metrics(keep, kept_total, total), metrics_gate)
         return keep if out is None else out.copy_(keep)
     call.check_config(cfg)
     keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=call.device)
-    _launch(call, cfg, route=False, keep=keep, stats_out=stats_out, metrics_row=metrics_row, workspace=workspace)
+    _launch(
+        call,
+        cfg,
+        route=False,
+        keep=keep,
+        stats_out=stats_out,
+        metrics_row=metrics_row,
+        metrics_gate=metrics_gate,
+        workspace=workspace,
+    )
     return keep

@@ -9,7 +9,9 @@ same work in one or two Triton launches and replaces SGLang's own top-k for a pr
 3. padding rows and rows of vote weight 0 route nowhere (every slot ``-1``, weight 0); for MoE
    backends that cannot take ``-1``, ``fill_dropped`` gives each empty slot a valid expert of
    weight 0 instead (see :func:`~xshare_sglang.policies.rewrite.filler_ids`);
-4. with ``metrics_row``, the call's metrics are added to it (:data:`METRIC_COLUMNS`).
+4. with ``metrics_row``, the call's metrics are added to it (:data:`METRIC_COLUMNS`); with a
+   ``metrics_gate`` too, only when the gate (a device int32) is nonzero, so that a server can sample
+   the metrics of some calls and skip their cost in the others.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from ..config import PrunerConfig
 from .api import select
 from .call import RoutingCall
-from .rewrite import METRIC_COLUMNS, call_metrics, filler_ids
+from .rewrite import METRIC_COLUMNS, add_metrics, call_metrics, filler_ids
 from .routing import route_logits
 from .scores import sanitize_logits, sanitize_token_weights, valid_token_mask
 from .token_alignment import TokenAlignment, write_alignment
@@ -51,14 +53,19 @@ def check_outputs(
     ids_out: torch.Tensor | None,
     weights_out: torch.Tensor | None,
     metrics_row: torch.Tensor | None,
+    metrics_gate: torch.Tensor | None = None,
 ) -> None:
-    """Raise ``ValueError`` unless every given output buffer has the shape, dtype and device it needs."""
+    """Raise ``ValueError`` unless every given output buffer has the shape, dtype and device it needs
+    (and a ``metrics_gate`` comes with the ``metrics_row`` it gates)."""
     num_tokens, num_experts = call.logits.shape
+    if metrics_gate is not None and metrics_row is None:
+        raise ValueError("metrics_gate gates the metrics_row: pass both, or neither")
     wanted = {
         "keep_out": (keep_out, (num_experts,), torch.bool),
         "ids_out": (ids_out, (num_tokens, call.top_k), torch.int32),
         "weights_out": (weights_out, (num_tokens, call.top_k), torch.float32),
         "metrics_row": (metrics_row, (len(METRIC_COLUMNS),), torch.int64),
+        "metrics_gate": (metrics_gate, (1,), torch.int32),
     }
     for name, (tensor, shape, dtype) in wanted.items():
         if tensor is None:
@@ -81,6 +88,7 @@ def prune_route(
     ids_out: torch.Tensor | None = None,
     weights_out: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
+    metrics_gate: torch.Tensor | None = None,
     alignment: TokenAlignment | None = None,
     workspace: object | None = None,
 ) -> PrunedRouting:
@@ -100,6 +108,11 @@ def prune_route(
         Written in place and returned: [E] bool, [T, top_k] int32, [T, top_k] float32.
     metrics_row : Tensor, shape [4], int64, optional
         Receives ``+=`` the call's metrics (:func:`~xshare_sglang.policies.rewrite.call_metrics`).
+    metrics_gate : Tensor, shape [1], int32, optional
+        With ``metrics_row``: the call adds its metrics only while this device value is nonzero
+        (read on the device, so a CUDA graph replays the call with whatever it holds then).  The
+        kernels then skip the metrics' work too: the scores computed only for the retained mass, the
+        activated-expert count.  None: every call adds them.
     alignment : TokenAlignment, optional
         Also receives the routed slots sorted by expert, the layout a fused-MoE kernel reads
         (:mod:`~xshare_sglang.policies.token_alignment`); the kernels write it in the launches
@@ -112,7 +125,7 @@ def prune_route(
     PrunedRouting
     """
     del workspace
-    check_outputs(call, keep_out, ids_out, weights_out, metrics_row)
+    check_outputs(call, keep_out, ids_out, weights_out, metrics_row, metrics_gate)
     routed = route_checked(
         call,
         cfg,
@@ -121,6 +134,7 @@ def prune_route(
         ids_out=ids_out,
         weights_out=weights_out,
         metrics_row=metrics_row,
+        metrics_gate=metrics_gate,
     )
     if alignment is not None:
         write_alignment(routed.topk_ids, alignment)
@@ -136,6 +150,7 @@ def route_checked(
     ids_out: torch.Tensor | None,
     weights_out: torch.Tensor | None,
     metrics_row: torch.Tensor | None,
+    metrics_gate: torch.Tensor | None = None,
 ) -> PrunedRouting:
     """:func:`prune_route` once its output buffers were checked (the kernels' fallback)."""
     keep, aggregate = select(call, cfg)
@@ -153,7 +168,7 @@ def route_checked(
         ids = torch.where(empty, filler_ids(ids, keep, empty), ids)
     if metrics_row is not None:
         kept_total = torch.where(keep, aggregate, 0).sum()
-        metrics_row.add_(call_metrics(ids, num_experts, keep, kept_total, aggregate.sum()))
+        add_metrics(metrics_row, call_metrics(ids, num_experts, keep, kept_total, aggregate.sum()), metrics_gate)
     if keep_out is not None:
         keep = keep_out.copy_(keep)
     if ids_out is not None:

@@ -62,6 +62,23 @@ def call_metrics(
     return metrics
 
 
+def add_metrics(metrics_row: torch.Tensor, metrics: torch.Tensor, metrics_gate: torch.Tensor | None = None) -> None:
+    """``metrics_row += metrics``, or, with a gate, only where the gate is nonzero (on the device: no
+    host sync, so a CUDA graph can replay it with the gate refilled).
+
+    Parameters
+    ----------
+    metrics_row : Tensor, shape [4] (or any shape ``metrics`` broadcasts to), int64
+    metrics : Tensor, int64
+        One call's metrics, :func:`call_metrics` or :func:`selection_metrics`.
+    metrics_gate : Tensor, shape [1], int32, optional
+        Nonzero: the call adds its metrics; 0: it adds nothing.  None: always.
+    """
+    if metrics_gate is not None:
+        metrics = metrics * (metrics_gate != 0).to(metrics.dtype)
+    metrics_row.add_(metrics)
+
+
 def filler_ids(topk_ids: torch.Tensor, keep_ids: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
     """Valid expert ids for the dropped slots of each row, none already in the row.
 

@@ -209,9 +209,28 @@ def test_dependent_launches_replay_like_the_reference(policy, num_tokens, num_ex
     _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype, enable_pdl=True)
 
 
-def _check_replays(cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, enable_pdl: bool = False) -> None:
+@pytest.mark.parametrize("policy", ["oea", "xshare", "moe-spec-static", "lynx", "xshare-spec"])
+@pytest.mark.parametrize(
+    ("num_tokens", "num_experts", "dtype"),
+    # one program; the routing kernel after the selection (its retained mass for oea and LYNX, alone
+    # for static moe-spec); tiles of rows on DeepSeek-V3's E
+    [(1, 128, torch.bfloat16), (32, 128, torch.bfloat16), (512, 256, torch.float32)],
+)
+def test_gated_metrics_replay_like_the_reference(policy, num_tokens, num_experts, dtype, tmp_path) -> None:
+    """A metrics gate refilled before each replay (open, closed, in turn, as the server samples one
+    forward in a few): every replay's mask and routing are the reference's, its metrics the
+    reference's with the same gate (nothing while closed), the counters and visit words back at 0;
+    launched as programmatic dependents where the GPU has them, as the server launches."""
+    pdl = torch.cuda.get_device_capability()[0] >= 9
+    _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype, pdl, gated=True)
+
+
+def _check_replays(
+    cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, enable_pdl: bool = False, gated: bool = False
+) -> None:
     """Capture a layer call once (twice in a row with ``enable_pdl``: the second call's launches
-    depend on the first's), replay with new logits and real-token counts, compare with the reference."""
+    depend on the first's), replay with new logits and real-token counts, compare with the reference.
+    ``gated``: the metrics row comes with a gate, open on even replays and closed on odd ones."""
     top_k, d = 8, 4
     ranks = (torch.arange(num_experts) // (-(-num_experts // 8))).cuda()
     logits = torch.empty(num_tokens, num_experts, device="cuda", dtype=dtype)
@@ -221,6 +240,7 @@ def _check_replays(cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, 
     ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device="cuda")
     weights = torch.empty(num_tokens, top_k, device="cuda")
     metrics = torch.zeros(4, dtype=torch.int64, device="cuda")
+    gate = torch.ones(1, dtype=torch.int32, device="cuda") if gated else None
     workspace = SelectionWorkspace(num_experts, "cuda")
     router = RouterSpec(top_k, "sigmoid", True, 8, 4, 2.5)
 
@@ -237,6 +257,7 @@ def _check_replays(cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, 
                 ids_out=ids,
                 weights_out=weights,
                 metrics_row=metrics,
+                metrics_gate=gate,
                 workspace=workspace,
                 enable_pdl=enable_pdl,
             )
@@ -255,10 +276,15 @@ def _check_replays(cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, 
         logits.copy_(fresh.to(dtype))
         num_valid.fill_(real)
         metrics.zero_()
+        if gate is not None:
+            gate.fill_(1 - replay % 2)
         _replay_without_sync(graph)
         want_metrics = torch.zeros(4, dtype=torch.int64)
         want = prune_route_reference(
-            routing_call(logits, router, device="cpu", num_valid_tokens=real, **fields), cfg, metrics_row=want_metrics
+            routing_call(logits, router, device="cpu", num_valid_tokens=real, **fields),
+            cfg,
+            metrics_row=want_metrics,
+            metrics_gate=None if gate is None else gate.cpu(),
         )
         label = f"replay {replay} ({real} real tokens)"
         assert keep.cpu().tolist() == want.keep.tolist(), label
@@ -268,6 +294,7 @@ def _check_replays(cfg: PrunerConfig, num_tokens: int, num_experts: int, dtype, 
         # no call resets the counters first: each kernel's last program left them at 0 for the next
         left = workspace.counters.cpu()
         assert not left.any(), (label, left.nonzero().flatten().tolist()[:8])
+        assert not workspace.visits.cpu().any(), label
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -58,6 +58,8 @@ def _ranking_file(path, counts) -> str:
         (lambda: PluginSettings.from_dict({"echo": {"budget": 2.0}}), "echo.budget"),
         (lambda: PluginSettings.from_dict({"echo": {"log_every": 3}}), "echo.log_every"),
         (lambda: PluginSettings.from_dict({"trace_every": 3}), "trace_every"),
+        (lambda: PluginSettings.from_dict({"policy": "xshare", "metrics_every": 0}), "metrics_every"),
+        (lambda: PluginSettings.from_dict({"policy": "xshare", "metrics_every": True}), "metrics_every"),
     ],
 )
 def test_every_config_error_names_its_setting(build, setting) -> None:

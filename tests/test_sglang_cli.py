@@ -90,6 +90,7 @@ def test_launch_server_help_lists_every_flag() -> None:
         "--moe-pruner",
         "--moe-pruner-config",
         "--moe-pruner-log-interval",
+        "--moe-pruner-metrics-every",
         "--moe-pruner-verify",
         *TRACE_FLAGS.values(),
         *GUARD_FLAGS.values(),
@@ -134,6 +135,7 @@ def test_parsing_errors_name_the_flag() -> None:
         "guard_seconds": ["--moe-pruner", "xshare", "--moe-pruner-guard", "auto", "--moe-pruner-guard-seconds", "0"],
         "guard_alone": ["--moe-pruner-guard", "auto"],
         "guard_margin_off": ["--moe-pruner", "xshare", "--moe-pruner-guard-margin", "0.1"],
+        "metrics_every": ["--moe-pruner", "xshare", "--moe-pruner-metrics-every", "0"],
     }
     report = parse_in_fresh_process(cases)
     expected = {
@@ -154,6 +156,7 @@ def test_parsing_errors_name_the_flag() -> None:
         "guard_seconds": "argument --moe-pruner-guard-seconds: must be > 0",
         "guard_alone": "--moe-pruner-guard: guard='auto' has nothing to time",
         "guard_margin_off": "--moe-pruner-guard-margin: guard_margin= has no effect with guard='off'",
+        "metrics_every": "argument --moe-pruner-metrics-every: must be >= 1, got 0",
     }
     assert_refused(report, expected)
 
@@ -175,6 +178,7 @@ def test_config_reaches_a_spawned_child(tmp_path) -> None:
                 "--model-path", "unused", "--moe-pruner", "xshare-spec",
                 "--moe-pruner-config", '{"k0": 1, "request_budget": 3}',
                 "--moe-pruner-budget", "2", "--moe-pruner-phases", "verify", "--moe-pruner-log-interval", "50",
+                "--moe-pruner-metrics-every", "4",
             ])
             copy = pickle.loads(pickle.dumps(args))
             ctx = mp.get_context("spawn")
@@ -197,6 +201,7 @@ def test_config_reaches_a_spawned_child(tmp_path) -> None:
     # explicit flags win over --moe-pruner-config, which fills what the flags leave unset
     assert config["policy"] == "xshare-spec" and config["k0"] == 1 and config["request_budget"] == 3
     assert config["budget"] == 2 and config["phases"] == ["verify"] and config["log_interval"] == 50
+    assert config["metrics_every"] == 4
     attr, env, summary = report["child"]
     assert attr == report["attr"] and env == report["attr"]
     assert summary.startswith("policy=xshare-spec k0=1 request_budget=3 budget=2")

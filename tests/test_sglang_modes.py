@@ -37,12 +37,12 @@ def _softmax_config(layer_id: int = 0, **overrides):
     return TopKConfig(**fields)
 
 
-def _publish(configs, pruner: PrunerConfig, *, num_experts: int = NUM_EXPERTS, phase: str = "decode"):
+def _publish(configs, pruner: PrunerConfig, *, num_experts: int = NUM_EXPERTS, phase: str = "decode", **plugin):
     states = {
         id(config): make_layer_state(config, layer_id=config.layer_id, row=row, num_experts=num_experts, device="cpu")
         for row, config in enumerate(configs)
     }
-    runtime = make_runtime(PluginSettings(pruner=pruner), states, "cpu")
+    runtime = make_runtime(PluginSettings(pruner=pruner, **plugin), states, "cpu")
     runtime.num_valid_buffer.fill_(NUM_VALID)
     runtime.enter(
         ForwardScope(phase=phase, num_valid=runtime.num_valid_buffer, cfg=runtime.config_for(phase)),
@@ -163,6 +163,72 @@ def test_metrics_never_wait_for_the_device(monkeypatch, caplog) -> None:
     # the calls of forwards 2 and 3, made while the first copy was in flight, are in the second report
     assert len(lines) == 2 and all("2 layer calls" in line for line in lines)
     assert row[3] == 0
+
+
+@pytest.mark.parametrize("policy", ["oea", "xshare"])
+def test_metrics_every_n_adds_the_sampled_forwards_alone(policy) -> None:
+    """``metrics_every=3``: the gate opens for pruned forwards 0, 3 and 6 and is closed for the
+    others, and the layer's row then holds exactly the sum of what those three forwards add when every
+    forward adds its metrics (same logits, same calls), the activated experts included; the report's
+    means are over the sampled calls."""
+    config = _softmax_config()
+    pruner = PrunerConfig(policy=policy, k0=1, budget=3)
+    every = _publish([config], pruner)
+    assert every.metrics_gate is None
+    reporter = MetricsReporter(every, prometheus=False)
+    added = []
+    for forward in range(7):
+        before = every.metrics[0].clone()
+        every.sample_metrics()
+        sglang_select_experts(config, _logits(forward))
+        reporter.on_pruned_forward()
+        added.append(every.metrics[0] - before)
+    assert all(int(a[3]) == 1 and int(a[0]) > 0 for a in added)
+    sampled = _publish([config], pruner, metrics_every=3)
+    reporter = MetricsReporter(sampled, prometheus=False)
+    gates = []
+    for forward in range(7):
+        sampled.sample_metrics()
+        gates.append(int(sampled.metrics_gate[0]))
+        sglang_select_experts(config, _logits(forward))
+        reporter.on_pruned_forward()
+        want = sum(added[f] for f in range(forward + 1) if f % 3 == 0)
+        assert sampled.metrics[0].tolist() == want.tolist(), forward
+    assert gates == [1, 0, 0, 1, 0, 0, 1]
+    summary = reporter.report()
+    assert summary["layer_calls"] == 3
+    assert summary["kept_experts"] == pytest.approx(float(sum(added[f][1] for f in (0, 3, 6))) / 3)
+
+
+def test_activated_experts_added_outside_the_kernels_follow_the_gate() -> None:
+    """Where SGLang routes the call itself (the masked path, routing inside the MoE kernel) the plugin
+    adds the activated experts with torch: behind the same gate (0 while it is closed), and not at
+    all when nothing reads the metrics."""
+    config = _softmax_config()
+    runtime = _publish([config], PrunerConfig(policy="oea", k0=1), metrics_every=2)
+    layer = next(iter(runtime.layers.values()))
+    for gate, activated, want in ((1, 5, 5), (0, 5, 5), (1, 7, 12)):
+        runtime.metrics_gate.fill_(gate)
+        runtime.add_activated(layer, torch.tensor(activated, dtype=torch.int64))
+        assert int(runtime.metrics[0, 0]) == want
+    quiet = _publish([config], PrunerConfig(policy="oea", k0=1), log_interval=0)
+    quiet.add_activated(next(iter(quiet.layers.values())), torch.tensor(5, dtype=torch.int64))
+    assert quiet.metrics.tolist() == [[0, 0, 0, 0]]
+
+
+def test_no_metrics_are_added_when_nothing_reads_them() -> None:
+    """``log_interval`` 0 turns the report off: the layer calls then pass no metrics row (their kernels
+    compile without it) and the row stays at 0, while the routing is unchanged."""
+    config = _softmax_config()
+    pruner = PrunerConfig(policy="xshare", k0=1, budget=3)
+    counted = _publish([config], pruner)
+    want = sglang_select_experts(config, _logits(5))
+    assert int(counted.metrics[0, 3]) == 1
+    quiet = _publish([config], pruner, log_interval=0)
+    got = sglang_select_experts(config, _logits(5))
+    assert quiet.metrics_row(next(iter(quiet.layers.values()))) is None
+    assert quiet.metrics.tolist() == [[0, 0, 0, 0]]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu
@@ -506,9 +572,11 @@ class _Eager:
 
 @pytest.mark.parametrize("replays", [True, False], ids=["graph", "eager"])
 def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays) -> None:
-    """SGLang's own ``ModelRunner._forward_raw`` dispatching an extend forward with ``extend`` pruned:
+    """SGLang's own ``ModelRunner._forward_raw`` dispatching extend forwards with ``extend`` pruned:
     a replayed prefill graph (captured without the pruner) is not counted as pruned, an eager extend
-    forward is (before, both were)."""
+    forward is (before, both were).  With ``metrics_every`` 2 the hook opens the metrics gate for the
+    first of every two pruned forwards: of three eager forwards, the first and the third add their
+    layer call's metrics."""
     import contextlib
     import json
     from types import SimpleNamespace
@@ -527,7 +595,8 @@ def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays)
     monkeypatch.setattr(
         model_runner_module, "get_model", lambda: SimpleNamespace(override=lambda **kw: contextlib.nullcontext())
     )
-    settings = {"policy": "xshare", "k0": 1, "budget": 3, "log_interval": 0, "phases": ["decode", "extend"]}
+    settings = {"policy": "xshare", "k0": 1, "budget": 3, "log_interval": 1000, "phases": ["decode", "extend"]}
+    settings["metrics_every"] = 2
     monkeypatch.setenv(ENV_VAR, json.dumps(settings))
     config = _softmax_config(top_k=4)
     model = torch.nn.Module()
@@ -557,10 +626,11 @@ def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays)
         moe_num_token_non_padded=lambda: None,
         req_pool_indices=None,
     )
-    out = ModelRunner._forward_raw(runner, forward_batch, None)
+    for _ in range(3):
+        out = ModelRunner._forward_raw(runner, forward_batch, None)
     assert out.can_run_graph is replays
-    assert runtime.pruned_forwards == (0 if replays else 1)
-    assert int(runtime.metrics[0, 3]) == (0 if replays else 1)  # layer calls that really ran pruned
+    assert runtime.pruned_forwards == (0 if replays else 3)
+    assert int(runtime.metrics[0, 3]) == (0 if replays else 2)  # sampled layer calls that really ran pruned
 
 
 # ---------------------------------------------------------------------------------- EPLB

@@ -30,6 +30,7 @@ from .settings import (
     DEFAULT_GUARD_MARGIN,
     DEFAULT_GUARD_SECONDS,
     DEFAULT_LOG_INTERVAL,
+    DEFAULT_METRICS_EVERY,
     DEFAULT_TRACE_EVERY,
     DEFAULT_TRACE_MAX_MB,
     ENV_VAR,
@@ -41,6 +42,7 @@ from .settings import (
 FLAG_PREFIX = "--moe-pruner"
 CONFIG_FLAG = "--moe-pruner-config"
 LOG_INTERVAL_FLAG = "--moe-pruner-log-interval"
+METRICS_EVERY_FLAG = "--moe-pruner-metrics-every"
 VERIFY_FLAG = "--moe-pruner-verify"
 #: ECHO's flags, named outside SGLang's ``--speculative-*`` space (an upstream proposal uses
 #: ``--speculative-echo-threshold``), so that neither can shadow the other.
@@ -325,6 +327,16 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"log and export pruning metrics every N pruned forwards, 0 = never (default: {DEFAULT_LOG_INTERVAL})",
     )
+    group.add_argument(
+        METRICS_EVERY_FLAG,
+        action=CheckedValue,
+        convert=_positive_int,
+        default=None,
+        metavar="N",
+        help="add the pruning metrics of one pruned forward in N; the others skip their cost in the selection "
+        f"kernels, and the logged and exported means are over the sampled forwards (default: {DEFAULT_METRICS_EVERY}, "
+        "every forward)",
+    )
     trace_options = (
         (
             "trace_dir",
@@ -430,6 +442,8 @@ def flag_for_field(field: str) -> str:
         return FLAG_PREFIX
     if field == "log_interval":
         return LOG_INTERVAL_FLAG
+    if field == "metrics_every":
+        return METRICS_EVERY_FLAG
     if field in TRACE_FLAGS:
         return TRACE_FLAGS[field]
     if field in GUARD_FLAGS:
@@ -541,6 +555,7 @@ def typed_settings(
             raise exc.named(CONFIG_FLAG if quiet else f"{CONFIG_FLAG} {config_text}") from None
     flags = [(spec.field, spec.dest, spec.flag) for spec in FIELD_FLAGS]
     flags += [("policy", "moe_pruner", FLAG_PREFIX), ("log_interval", "moe_pruner_log_interval", LOG_INTERVAL_FLAG)]
+    flags += [("metrics_every", "moe_pruner_metrics_every", METRICS_EVERY_FLAG)]
     flags += [(field, f"moe_pruner_{field}", flag) for field, flag in {**TRACE_FLAGS, **GUARD_FLAGS}.items()]
     flags += [(f"echo.{field}", f"xshare_echo_{field}", flag) for field, flag in ECHO_FLAGS.items()]
     flags += [("verify.policy", "moe_pruner_verify", VERIFY_FLAG)]

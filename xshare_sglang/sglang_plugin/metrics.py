@@ -92,7 +92,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "layer_calls",
         "moe_pruner:layer_calls",
         "counter",
-        "Pruned calls of this MoE layer, added at each report.",
+        "Pruned calls of this MoE layer that added their metrics (every call, or those of the forwards "
+        "--moe-pruner-metrics-every samples), added at each report.",
         per_layer=True,
     ),
     MetricSpec(
@@ -283,11 +284,13 @@ class MetricsReporter:
             "layer_calls": float(calls.sum()),
             "fallbacks": float(self.runtime.faults),
         }
+        every = self.runtime.settings.metrics_every
         logger.info(
-            "moe-pruner: %d pruned forwards, %d layer calls: activated experts %.1f, kept %.1f, "
+            "moe-pruner: %d pruned forwards, %d layer calls%s: activated experts %.1f, kept %.1f, "
             "retained score mass %.1f%%, selection fallbacks %d",
             self.runtime.pruned_forwards,
             int(summary["layer_calls"]),
+            f" sampled (1 forward in {every})" if every > 1 else "",
             means[0],
             means[1],
             100.0 * means[2],

@@ -311,6 +311,8 @@ def make_runtime(settings: PluginSettings, states: dict[int, LayerState], device
         layers=states,
         num_valid_buffer=torch.zeros(1, dtype=torch.int32, device=device),
         metrics=torch.zeros(len(states), len(METRIC_COLUMNS), dtype=torch.int64, device=device),
+        # sampled metrics: the gate starts open (the first pruned forward is sampled)
+        metrics_gate=torch.ones(1, dtype=torch.int32, device=device) if settings.metrics_every > 1 else None,
         physical_to_logical=physical_to_logical,
     )
 

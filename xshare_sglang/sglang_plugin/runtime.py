@@ -136,6 +136,9 @@ class PrunerRuntime:
     layers: dict[int, LayerState]  # keyed by id(topk_config)
     num_valid_buffer: torch.Tensor  # [1] int32, owned by the plugin, refilled before graph replays
     metrics: torch.Tensor  # [num_layers, 4] int64: see policies.rewrite.METRIC_COLUMNS
+    # --moe-pruner-metrics-every N > 1: [1] int32, 1 while the current forward adds its metrics (refilled
+    # at a forward's start when the sampling turns it on or off); None: every forward adds them
+    metrics_gate: torch.Tensor | None = None
     physical_to_logical: Any = None  # callable(layer_id) -> Tensor [P] or None
     runner: Any = None  # the target ModelRunner
     reporter: Any = None  # MetricsReporter
@@ -153,10 +156,41 @@ class PrunerRuntime:
     faults: int = 0
     pruned_forwards: int = 0
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)
+    _gate_open: bool = field(default=True, repr=False)  # what metrics_gate holds (it starts at 1)
     # one per (device, E, stream): two streams never share scratch memory
     _workspaces: dict[tuple[torch.device, int, int], SelectionWorkspace] = field(default_factory=dict, repr=False)
     # per device: launch the kernels of a call as programmatic dependents (Hopper and newer)
     _dependent_launch: dict[torch.device, bool] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ metrics
+    def metrics_row(self, layer: LayerState) -> torch.Tensor | None:
+        """The layer's metrics row, which its calls add to; None when nothing reads the metrics
+        (``log_interval`` 0): the calls then compile and run without them."""
+        return self.metrics[layer.row] if self.settings.log_interval > 0 else None
+
+    def sample_metrics(self) -> None:
+        """Open the metrics gate for a forward the sampling takes (every ``metrics_every``-th pruned
+        forward, counting from the first), close it for the others: a fill on the current stream,
+        ahead of the forward's layer calls (or its graph's replay), and only when the value changes.
+        Not while a CUDA graph is captured (the graph reads the gate; it must not refill it)."""
+        gate = self.metrics_gate
+        if gate is None:
+            return
+        want = self.pruned_forwards % self.settings.metrics_every == 0
+        if want == self._gate_open or (gate.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return
+        gate.fill_(int(want))
+        self._gate_open = want
+
+    def add_activated(self, layer: LayerState, activated: torch.Tensor) -> None:
+        """Add a call's activated experts (an int64 scalar tensor on the device) to its layer's row,
+        behind the metrics gate; nothing when the metrics are off."""
+        row = self.metrics_row(layer)
+        if row is None:
+            return
+        if self.metrics_gate is not None:
+            activated = activated * self.metrics_gate[0].to(activated.dtype)
+        row[:1] += activated
 
     # ------------------------------------------------------------------ scopes
     def enter(self, scope: ForwardScope | None) -> ForwardScope | None:
@@ -305,7 +339,8 @@ class PrunerRuntime:
                 self.scope.cfg,
                 fill_dropped=layer.fill_dropped,
                 keep_out=layer.keep,
-                metrics_row=self.metrics[layer.row],
+                metrics_row=self.metrics_row(layer),
+                metrics_gate=self.metrics_gate if self.metrics_row(layer) is not None else None,
                 workspace=self._workspace(router_logits),
                 enable_pdl=dependent,
             )
@@ -352,7 +387,8 @@ class PrunerRuntime:
             fill_dropped=layer.fill_dropped,
         )
         num_ids = layer.num_experts if p2l is None else p2l.shape[0]
-        self.metrics[layer.row, :1] += activated_experts(topk_ids, num_ids)
+        if self.metrics_row(layer) is not None:
+            self.add_activated(layer, activated_experts(topk_ids, num_ids))
 
     def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
         """The call's keep mask into ``layer.keep`` and its score totals into ``layer.stats`` (select-only
@@ -365,7 +401,8 @@ class PrunerRuntime:
             self.scope.cfg,
             out=layer.keep,
             stats_out=layer.stats,
-            metrics_row=self.metrics[layer.row],
+            metrics_row=self.metrics_row(layer),
+            metrics_gate=self.metrics_gate if self.metrics_row(layer) is not None else None,
             workspace=self._workspace(router_logits),
         )
 
@@ -427,9 +464,10 @@ class PrunerRuntime:
         try:
             if expert_counts is None and masked_logits is None:
                 raise ValueError("neither an expert histogram nor the masked logits of the call")
-            activated = self.metrics[layer.row, :1]
+            if self.metrics_row(layer) is None:
+                return  # nothing reads the metrics
             if expert_counts is not None:
-                activated += (expert_counts[: layer.num_experts] > 0).sum(dtype=torch.int64)
+                self.add_activated(layer, (expert_counts[: layer.num_experts] > 0).sum(dtype=torch.int64))
             else:
                 router = layer.router if layer.router is not None else layer.selection_router
                 bias = masked_bias if masked_bias is not None and masked_bias.dim() == 1 else None
@@ -441,7 +479,7 @@ class PrunerRuntime:
                     correction_bias=bias,
                 )
                 valid = valid_token_mask(ids.shape[0], call.num_valid, ids.device)[:, None]
-                activated += activated_experts(torch.where(valid, ids, -1), layer.num_experts)
+                self.add_activated(layer, activated_experts(torch.where(valid, ids, -1), layer.num_experts))
         except Exception as exc:  # the call was routed; only its activated count is lost
             self.record_fault(layer, exc)
 

@@ -35,6 +35,8 @@ from ..spec.echo.settings import EchoSettings
 
 ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
 DEFAULT_LOG_INTERVAL = 200
+#: Every pruned forward adds its layer calls' metrics (the kernels then pay for them on every call).
+DEFAULT_METRICS_EVERY = 1
 DEFAULT_TRACE_EVERY = 16
 DEFAULT_TRACE_MAX_MB = 512
 GUARDS = ("off", "auto")
@@ -49,6 +51,7 @@ GREEDY_COSTS = {
 }
 PLUGIN_FIELDS = (
     "log_interval",
+    "metrics_every",
     "trace_dir",
     "trace_every",
     "trace_max_mb",
@@ -70,7 +73,13 @@ class PluginSettings:
     pruner : PrunerConfig
     log_interval : int
         Read the per-layer metrics from the device every this many target forwards in a pruned
-        phase, log one line and update the Prometheus gauges; 0 turns both off.
+        phase, log one line and update the Prometheus gauges; 0 turns both off, and the layer calls then
+        add no metrics at all (the kernels compile without them).
+    metrics_every : int
+        Add the metrics of one pruned forward in this many (>= 1): the others' layer calls skip the
+        metrics' work on the device (the scores some rules compute only for the retained mass, the
+        activated-expert count), and the means the report gives are over the sampled forwards.  1
+        (default): every forward.
     trace_dir : str or None
         Record router logits of sampled decode / verify forwards into this folder as
         ``xshare-trace`` files (see ``xshare_sglang.replay.trace``); None records nothing.
@@ -103,6 +112,7 @@ class PluginSettings:
 
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     log_interval: int = DEFAULT_LOG_INTERVAL
+    metrics_every: int = DEFAULT_METRICS_EVERY
     trace_dir: str | None = None
     trace_every: int = DEFAULT_TRACE_EVERY
     trace_max_mb: int = DEFAULT_TRACE_MAX_MB
@@ -119,7 +129,7 @@ class PluginSettings:
     def __post_init__(self) -> None:
         if isinstance(self.log_interval, bool) or not isinstance(self.log_interval, int) or self.log_interval < 0:
             raise ConfigError("log_interval", f"log_interval={self.log_interval!r} is invalid: must be an integer >= 0")
-        for name in ("trace_every", "trace_max_mb"):
+        for name in ("metrics_every", "trace_every", "trace_max_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"{name}={value!r} is invalid: must be an integer >= 1")
@@ -263,6 +273,8 @@ class PluginSettings:
 
     def to_dict(self) -> dict[str, Any]:
         out = {**self.pruner.to_dict(), "log_interval": self.log_interval}
+        if self.metrics_every != DEFAULT_METRICS_EVERY:
+            out["metrics_every"] = self.metrics_every
         if self.trace_dir is not None:
             out.update(trace_dir=self.trace_dir, trace_every=self.trace_every, trace_max_mb=self.trace_max_mb)
         if self.guard != "off":

@@ -7,7 +7,9 @@ How: for the target ModelRunner, publish the forward's phase, its config and tok
 EAGLE verify, plus the draft nodes' vote weights when depth decay is on, computed only if a layer
 call asks) for the duration of the call; every row of an eager forward is real (SGLang's own
 ``num_token_non_padded`` is used where it provides one).  Replayed CUDA graphs carry the scope they
-were captured with.  After a forward that ran pruned routing, count it for the periodic metrics
+were captured with.  A forward of a pruned phase first sets the metrics gate of
+``--moe-pruner-metrics-every`` (whether its layer calls add their metrics; the gate is device memory
+the replayed graphs read).  After a forward that ran pruned routing, count it for the periodic metrics
 report: an eager forward of a pruned phase, or the replay of a graph captured pruned (SGLang says
 whether a graph replayed, ``ModelRunnerOutput.can_run_graph``; the ``load_batch`` hook says whether
 a decode/verify graph was captured pruned; prefill graphs are captured without the pruner).  With
@@ -35,6 +37,8 @@ def hook(original, self, forward_batch, *args, **kwargs):
         scope = None
     previous = runtime.enter(scope)
     pruned = runtime.pruning_phase()
+    if pruned:
+        runtime.sample_metrics()  # --moe-pruner-metrics-every: this forward adds its metrics or not
     runtime.replay_pruned = False
     recorder = runtime.recorder
     if recorder is not None:

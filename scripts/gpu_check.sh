@@ -26,6 +26,10 @@
 #                 retained-mass metric of oea, static moe-spec and LYNX summed by the selection (every
 #                 row's scores, E aggregates), the other side of the A/B whose first side (the routing
 #                 kernel's sums) the selection stage times (its table goes to gpu_check.log)
+#   2g. gate      scripts/bench_selection.py --metrics-gate closed at T=1, 8, 32 and 512 on the three
+#                 routers: the calls of a forward that --moe-pruner-metrics-every does not sample (the
+#                 row passed with a device gate of 0), against the selection stage's calls, which add
+#                 their metrics on every call (its table goes to gpu_check.log)
 #   3. moe_layer  scripts/bench_moe_layer.py: the MoE layer, baseline vs pruned
 #   4. kernel_routing  GPT-OSS's default routing (triton_kernels, carried in .sgl/site) pruned through
 #                 the router logits: tests/test_kernel_routing_gpu.py, then scripts/bench_kernel_routing.py
@@ -51,7 +55,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,pdl,picks,warps,groups,mass,moe_layer,kernel_routing,guard
+only=tests,selection,pdl,picks,warps,groups,mass,gate,moe_layer,kernel_routing,guard
 budget=520
 boxes=
 workers=14
@@ -83,7 +87,7 @@ sgl_args=()
 
 say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }
-stages=" tests selection pdl picks warps groups mass moe_layer kernel_routing guard "
+stages=" tests selection pdl picks warps groups mass gate moe_layer kernel_routing guard "
 for entry in ${boxes//,/ }; do
     name=${entry%%=*} percent=${entry#*=}
     if [[ "$stages" != *" $name "* || ! "$percent" =~ ^[0-9]+$ || "$percent" -gt 100 ]]; then
@@ -196,6 +200,15 @@ if wanted mass; then
         --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
         --out-dir "$work/mass" "${sgl_args[@]}"
     [ -f "$work/mass/selection.md" ] && cat "$work/mass/selection.md" >>"$log"
+fi
+if wanted gate; then
+    # --moe-pruner-metrics-every: what a forward the server does not sample costs
+    seconds=$(box gate 6)
+    stage gate "$seconds" python3 scripts/bench_selection.py --metrics-gate closed --tokens 1,8,32,512 \
+        --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3 --policies oea,moe-spec-static,xshare,lynx \
+        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
+        --out-dir "$work/gate" "${sgl_args[@]}"
+    [ -f "$work/gate/selection.md" ] && cat "$work/gate/selection.md" >>"$log"
 fi
 if wanted moe_layer; then
     seconds=$(box moe_layer 15)

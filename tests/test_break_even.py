@@ -4,6 +4,7 @@ too few timings left off, and the serving-time lookup of a forward's bucket."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -129,7 +130,8 @@ def test_buckets_of_each_phase() -> None:
 
 # ---------------------------------------------------------------------- the timing loop, with a fake clock
 class _FakeRuntime:
-    """What time_buckets reads of the plugin's runtime: scopes, the fault count, the metrics."""
+    """What time_buckets reads of the plugin's runtime: scopes, the fault count, the metrics (and
+    whether its calls run as the forwards the metrics sampling skips)."""
 
     def __init__(self, failing_tokens: int | None = None) -> None:
         import torch
@@ -139,6 +141,15 @@ class _FakeRuntime:
         self.metrics = torch.ones(2, 4, dtype=torch.int64)
         self.failing_tokens = failing_tokens
         self.device = torch.device("cpu")
+        self.sampling_skipped = False
+
+    @contextlib.contextmanager
+    def unsampled(self):
+        self.sampling_skipped = True
+        try:
+            yield
+        finally:
+            self.sampling_skipped = False
 
     def enter(self, scope):
         previous, self.scope = self.scope, scope
@@ -161,6 +172,7 @@ class _FakeLayer:
     def topk(self, states, logits):
         scope = self.runtime.scope
         pruned = scope.cfg is not None
+        assert self.runtime.sampling_skipped  # timed as the forwards a sampling server mostly serves
         self.runtime.last = (scope.phase, logits.shape[0], pruned)
         self.calls.append(self.runtime.last)
         if pruned and logits.shape[0] == self.runtime.failing_tokens:

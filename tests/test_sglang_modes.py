@@ -216,6 +216,26 @@ def test_activated_experts_added_outside_the_kernels_follow_the_gate() -> None:
     assert quiet.metrics.tolist() == [[0, 0, 0, 0]]
 
 
+def test_the_guard_times_calls_with_the_gate_closed_and_puts_it_back() -> None:
+    """``unsampled``: the calls inside see the gate closed (what the start-up guard times with
+    sampled metrics); after, the gate holds what the sampling had set, open or closed.  Without a gate
+    it does nothing."""
+    config = _softmax_config()
+    runtime = _publish([config], PrunerConfig(policy="oea", k0=1), metrics_every=2)
+    for forwards, after in ((0, 1), (1, 0)):
+        runtime.pruned_forwards = forwards
+        runtime.sample_metrics()
+        with runtime.unsampled():
+            assert int(runtime.metrics_gate[0]) == 0
+            sglang_select_experts(config, _logits(3))
+        assert int(runtime.metrics_gate[0]) == after
+    assert runtime.metrics.tolist() == [[0, 0, 0, 0]]  # the calls inside added nothing
+    plain = _publish([config], PrunerConfig(policy="oea", k0=1))
+    with plain.unsampled():
+        sglang_select_experts(config, _logits(3))
+    assert int(plain.metrics[0, 3]) == 1
+
+
 def test_no_metrics_are_added_when_nothing_reads_them() -> None:
     """``log_interval`` 0 turns the report off: the layer calls then pass no metrics row (their kernels
     compile without it) and the row stays at 0, while the routing is unchanged."""

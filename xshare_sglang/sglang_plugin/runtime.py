@@ -27,10 +27,11 @@ logged at most once a minute.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -181,6 +182,21 @@ class PrunerRuntime:
             return
         gate.fill_(int(want))
         self._gate_open = want
+
+    @contextlib.contextmanager
+    def unsampled(self) -> Iterator[None]:
+        """Layer calls inside run as those of the forwards the metrics sampling skips (the gate
+        closed, where there is one): what the start-up guard times, since those are the forwards a
+        sampling server mostly serves.  The gate is back as it was after."""
+        gate = self.metrics_gate
+        if gate is None:
+            yield
+            return
+        gate.fill_(0)
+        try:
+            yield
+        finally:
+            gate.fill_(int(self._gate_open))
 
     def add_activated(self, layer: LayerState, activated: torch.Tensor) -> None:
         """Add a call's activated experts (an int64 scalar tensor on the device) to its layer's row,

@@ -205,8 +205,8 @@ class PrunerRuntime:
         if row is None:
             return
         if self.metrics_gate is not None:
-            activated = activated * self.metrics_gate[0].to(activated.dtype)
-        row[:1] += activated
+            activated = activated * self.metrics_gate[0]  # int64 by promotion: one op
+        row[:1].add_(activated)  # in place: one device op (``+=`` on a slice would copy it back too)
 
     # ------------------------------------------------------------------ scopes
     def enter(self, scope: ForwardScope | None) -> ForwardScope | None:

@@ -37,6 +37,13 @@ metrics themselves are added with relaxed atomics nobody waits for.  Only the co
 [E, E] pair sums are still zeroed before the call (``fill_kernel``): its greedy reads just the kept
 experts' rows.
 
+Metrics gate: with ``GATED`` every program of every kernel of a call reads one int32 word
+(``metrics_on``) and, while it is 0, adds no metrics and skips their work: the scores a rule computes
+only for the retained mass (``METRIC_SCORES``), the sums and the division of ``finish_keep``, the
+routing kernel's visit words, its ``route_mass`` and the ticket only that took.  All programs read the
+same word, so all take the same branch, and the counters stay clean either way.  A server samples its
+metrics this way (one forward in N) and the other forwards skip their cost.
+
 Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the machine-code counts):
 
 * The order of the experts in the set rules (``places``; top-aggregate, greedy budget, expert-parallel

@@ -60,6 +60,7 @@ def _ranking_file(path, counts) -> str:
         (lambda: PluginSettings.from_dict({"trace_every": 3}), "trace_every"),
         (lambda: PluginSettings.from_dict({"policy": "xshare", "metrics_every": 0}), "metrics_every"),
         (lambda: PluginSettings.from_dict({"policy": "xshare", "metrics_every": True}), "metrics_every"),
+        (lambda: PluginSettings.from_dict({"log_interval": 0, "metrics_every": 2}), "metrics_every"),
     ],
 )
 def test_every_config_error_names_its_setting(build, setting) -> None:

@@ -136,6 +136,14 @@ def test_parsing_errors_name_the_flag() -> None:
         "guard_alone": ["--moe-pruner-guard", "auto"],
         "guard_margin_off": ["--moe-pruner", "xshare", "--moe-pruner-guard-margin", "0.1"],
         "metrics_every": ["--moe-pruner", "xshare", "--moe-pruner-metrics-every", "0"],
+        "metrics_every_off": [
+            "--moe-pruner",
+            "xshare",
+            "--moe-pruner-log-interval",
+            "0",
+            "--moe-pruner-metrics-every",
+            "4",
+        ],
     }
     report = parse_in_fresh_process(cases)
     expected = {
@@ -157,6 +165,7 @@ def test_parsing_errors_name_the_flag() -> None:
         "guard_alone": "--moe-pruner-guard: guard='auto' has nothing to time",
         "guard_margin_off": "--moe-pruner-guard-margin: guard_margin= has no effect with guard='off'",
         "metrics_every": "argument --moe-pruner-metrics-every: must be >= 1, got 0",
+        "metrics_every_off": "--moe-pruner-metrics-every: metrics_every=4 has no effect with log_interval=0",
     }
     assert_refused(report, expected)
 

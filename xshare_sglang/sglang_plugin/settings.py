@@ -133,6 +133,11 @@ class PluginSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"{name}={value!r} is invalid: must be an integer >= 1")
+        if self.log_interval == 0 and self.metrics_every != DEFAULT_METRICS_EVERY:
+            raise ConfigError(
+                "metrics_every",
+                f"metrics_every={self.metrics_every} has no effect with log_interval=0, which turns the metrics off",
+            )
         self._check_guard()
         for name in ("trace_dir", "guard_trace", "test_fault_file"):
             value = getattr(self, name)

@@ -72,8 +72,8 @@ from xshare_sglang.bench.moe_layer import (
     build_case,
     resolve_backends,
 )
-from xshare_sglang.kernels import SelectionWorkspace, plan_for, prune_route
-from xshare_sglang.kernels.prune_route import routes_static_alone
+from xshare_sglang.kernels import SelectionWorkspace, prune_route
+from xshare_sglang.kernels.prune_route import call_plan
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 
@@ -397,7 +397,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
             "pdl_equal": pdl_equal(sel, cfg),
         }
     tokens = sel.case.tokens
-    plan = plan_for(cfg, tokens, sel.model.shape.num_experts, sel.case.tokens_per_request)
+    plan, static_alone = call_plan(sel.calls[0], cfg, has_metrics=sel.metrics_row(cfg) is not None)
     if args.pdl:
         multi = not plan.single and cfg.policy != "none"
         pdl["reset_pdl_us"] = (
@@ -412,7 +412,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         and check["weights_close"]
         and check["metrics_equal"]
         and check["eager_alloc_bytes"] == 0
-        and tuple(kernels) == plan.kernels(cfg.policy, routes_static_alone(cfg, not args.no_metrics))
+        and tuple(kernels) == plan.kernels(cfg.policy, static_alone)
         and pdl.get("pdl_equal", True)
     )
     return {
@@ -531,8 +531,9 @@ def main() -> int:
     parser.add_argument(
         "--no-group-warps",
         action="store_true",
-        help="route rows of biased groups of 32 experts (DeepSeek-V3 at T=1, none of 2 to 8 rows, and the routing "
-        "kernel up to 256 rows) as before: one warp per row for none, the tile's eight warps for a rule's row, "
+        help="route rows of biased groups of 32 experts (DeepSeek-V3 at T=1, none and static moe-spec of 2 to 8 rows, "
+        "and the routing kernel up to 256 rows) as before: one warp per row for none, the tile's eight warps for a "
+        "rule's rows, "
         "tiles of 8 rows on a warp each in the routing kernel, instead of a warp per group "
         "(kernels.prune_route.GROUP_WARP_ROUTING = False): the other side of its A/B",
     )

@@ -452,10 +452,12 @@ GROUP_WARP_ROUTERS = {
     [(shape, 1, True) for shape in GROUP_WARP_ROUTERS]
     + [("deepseek-v3", 1, False), ("deepseek-v3", 17, False)]
     + [(shape, num_tokens, True) for shape in ("deepseek-v3", "2x32-top1") for num_tokens in (9, 17)]
-    + [("deepseek-v3", 5, True), ("4x32", 2, True)],  # none of 2-8 rows: the routing kernel
+    + [("deepseek-v3", 5, True), ("4x32", 2, True)],  # none and static moe-spec of 2-8 rows: the routing kernel
     ids=lambda value: {True: "warp_per_group", False: "off"}.get(value, value) if isinstance(value, bool) else None,
 )
-def test_biased_groups_route_like_the_reference_on_a_warp_per_group(shape, num_tokens, group_warps, monkeypatch):
+def test_biased_groups_route_like_the_reference_on_a_warp_per_group(
+    shape, num_tokens, group_warps, monkeypatch, tmp_path
+):
     """``GROUP_WARP_ROUTING``: a row of biased routing in groups of 32 experts routes with a warp per
     group (each group's picks in its warp, the row's among them in every warp), in a one-row call and
     in the routing kernel above one program (a program per row), on both sides of the A/B: keep, ids,
@@ -469,17 +471,18 @@ def test_biased_groups_route_like_the_reference_on_a_warp_per_group(shape, num_t
         PrunerConfig(policy="xshare", k0=1, budget=num_experts // 8),
         PrunerConfig(policy="oea", k0=1),
         PrunerConfig(policy="moe-spec", max_experts=12),
+        _static_ranking(tmp_path, num_experts, 12),  # 2 to 8 rows: the routing kernel alone, as none
     ]
     styles = ("normal", "integers", "nonfinite", "few_finite") if num_tokens == 1 else ("normal", "few_finite")
     for seed, style in enumerate(styles):
         logits = make_logits(num_tokens, num_experts, style, seed=seed)
         num_valid = max(0, num_tokens - 3) if seed % 2 else num_tokens
         for cfg in configs:
-            _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_valid)
+            _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_valid, layer_id=1)
     weights = torch.rand(num_tokens, generator=torch.Generator().manual_seed(num_tokens))
     weights[::2] = 0.0
-    for cfg in configs[:2]:
-        _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_tokens, token_weights=weights)
+    for cfg in (*configs[:2], configs[-1]):
+        _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_tokens, token_weights=weights, layer_id=2)
 
 
 def _launch_grids(num_tokens, num_experts, cfg, **kwargs) -> dict[str, tuple]:
@@ -494,19 +497,30 @@ def _launch_grids(num_tokens, num_experts, cfg, **kwargs) -> dict[str, tuple]:
 
 
 @pytest.mark.fused_selection
-def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeypatch) -> None:
+def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeypatch, tmp_path) -> None:
     """Which launches route with a warp per group (``group_warp_routing``): a one-row call of biased
-    groups of 32 experts, whatever the policy, and the routing kernel above one program up to 256 rows
-    (a program per row); not a one-program call of several rows, truncation, filled slots, the aligned routing,
-    groups of another size, or with the switch off (``bench_selection.py --no-group-warps``)."""
+    groups of 32 experts, whatever the policy, the routing kernel above one program up to 256 rows
+    (a program per row), and 2 to 8 rows of ``none`` and static moe-spec; not a one-program call of
+    several rows of another rule, truncation, filled slots, the aligned routing, groups of another
+    size, or with the switch off (``bench_selection.py --no-group-warps``)."""
     wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
     oea = PrunerConfig(policy="oea", k0=1)
     assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 8}
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
     assert _launch_grids(1, 256, oea)["select_kernel"] == ((1,), 8, True)
-    # none of 2 to 8 rows: the routing kernel, a program per row (a rule's rows: one program)
+    # none and static moe-spec of 2 to 8 rows: the routing kernel, a program per row (a rule's rows: one
+    # program); static moe-spec aligning its slots, or without the routing's sums of the mass, keeps its program
     assert _launch_grids(2, 256, PrunerConfig()) == {"route_kernel": ((2,), 8, True)}
     assert _launch_grids(8, 256, PrunerConfig()) == {"route_kernel": ((8,), 8, True)}
+    static = _static_ranking(tmp_path, 256)
+    assert _launch_grids(2, 256, static) == {"route_kernel": ((2,), 8, True)}
+    assert _launch_grids(8, 256, static) == {"route_kernel": ((8,), 8, True)}
+    assert _launch_grids(8, 256, static, alignment=token_alignment(8, 8, 256, 16)) == {
+        "select_kernel": ((1,), 8, False)
+    }
+    with monkeypatch.context() as patch:
+        patch.setattr(wrapper, "ROUTING_SUMS_MASS", False)  # the metrics row's mass from the selection
+        assert _launch_grids(8, 256, static) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(8, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(7, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((40,), 8, True)}

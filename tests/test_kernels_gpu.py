@@ -173,9 +173,11 @@ def test_graph_replay_of_one_program_on_a_warp_per_row(
         ("moe-spec-coact", 1, torch.bfloat16),
         ("lynx", 1, torch.bfloat16),
         ("xshare-spec", 1, torch.float32),
-        # above one program, and none of 2 to 8 rows: the routing kernel, a program per row
+        # above one program, and none or static moe-spec of 2 to 8 rows: the routing kernel, a program per row
         ("none", 3, torch.float32),
         ("none", 8, torch.bfloat16),
+        ("moe-spec-static", 3, torch.float32),
+        ("moe-spec-static", 8, torch.bfloat16),
         ("none", 40, torch.bfloat16),
         ("xshare", 40, torch.float32),
         ("lynx", 64, torch.bfloat16),

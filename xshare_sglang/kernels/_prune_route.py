@@ -187,7 +187,7 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   routing kernel's tiles of 8 rows the same per warp), or, in a pruned one-program call, over eight
   warps with 3 barriers per pick.  A one-row call, and the routing kernel above one program with a
   program per row (up to 256 rows: on an H200 it lost at 512, see ``prune_route.GROUP_WARP_MAX_ROWS``;
-  also a ``none`` of 2 to 8 rows, ``prune_route.plan_none_rows``),
+  also a ``none`` of 2 to 8 rows, and static moe-spec's, ``prune_route.plan_rows_alone``),
   now give each group a warp, a lane per expert (``route_row_by_group_warps``,
   ``prune_route.GROUP_WARP_ROUTING``):
   one sigmoid per lane; a group's two best values and its own top-k are warp maxima (``REDUX``); the

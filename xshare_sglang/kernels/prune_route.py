@@ -106,11 +106,14 @@ GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
 #: word of the activated-expert count takes an atomic add per program.
 GROUP_WARP_MAX_ROWS = 256
 #: A ``none`` call of 2 to 8 such rows runs the routing kernel with a program per row
-#: (:func:`plan_none_rows`) instead of one program with a warp per row and 8 software sigmoids per
+#: (:func:`plan_rows_alone`) instead of one program with a warp per row and 8 software sigmoids per
 #: lane: on an H200 (dd6694a) DeepSeek-V3's ``none`` took 5.3 us at T=8 that way, 3.8-4.3 at T=32 and
-#: 3.7-4.1 at T=1 on warps per group.  Not timed yet: ``bench_selection.py --no-group-warps`` sets
-#: :data:`GROUP_WARP_ROUTING` False, which turns this off too.
-NONE_ROWS_ON_GROUP_WARPS = True
+#: 3.7-4.1 at T=1 on warps per group.  So does static moe-spec where it routes alone
+#: (:func:`routes_static_alone`): its calibrated set needs no selection, and one program of up to 8 such
+#: rows routed them on the selection's tile, a row per warp with 8 sigmoids per lane (7.0 us over
+#: ``none`` at T=8 on an H200 at dd6694a, with the metrics row).  Not timed yet:
+#: ``bench_selection.py --no-group-warps`` sets :data:`GROUP_WARP_ROUTING` False, which turns this off too.
+FEW_ROWS_ON_GROUP_WARPS = True
 BLOCK_BINS = 16  # LYNX bins 0..beta plus one carry digit
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # mantissa bits a 16-bit float lacks in float32: its order keys fit 32 bits (_prune_route.pack_key)
@@ -234,7 +237,7 @@ def group_warp_routing(
     return num_groups
 
 
-def plan_none_rows(
+def plan_rows_alone(
     cfg: PrunerConfig,
     plan: LaunchPlan,
     num_tokens: int,
@@ -245,13 +248,16 @@ def plan_none_rows(
     truncation: bool,
     fill: bool,
     align: bool = False,
+    static_alone: bool = False,
 ) -> LaunchPlan:
-    """The plan of a call, given :func:`plan_for`'s: a ``none`` call of 2 to 8 rows whose rows can
-    route on a warp per expert group (:func:`group_warp_routing`, :data:`NONE_ROWS_ON_GROUP_WARPS`)
-    runs the routing kernel, a program per row, instead of one program with one warp per row.  Still
-    one launch (``none`` selects nothing); each row then takes the one-row call's path.  For calls
-    that route (a keep mask alone needs no rows routed)."""
-    if not (NONE_ROWS_ON_GROUP_WARPS and cfg.policy == "none" and plan.single and num_tokens > 1):
+    """The plan of a call that routes, given :func:`plan_for`'s: a call of 2 to 8 rows that needs no
+    selection launch (policy ``none``, or static moe-spec where ``static_alone``, see
+    :func:`routes_static_alone`) and whose rows can route on a warp per expert group
+    (:func:`group_warp_routing`, :data:`FEW_ROWS_ON_GROUP_WARPS`) runs the routing kernel, a program per
+    row, instead of one program that routes the rows on its tile.  Still one launch; each row then
+    takes the one-row call's path.  For calls that route (a keep mask alone needs no rows routed)."""
+    alone = cfg.policy == "none" or static_alone
+    if not (FEW_ROWS_ON_GROUP_WARPS and alone and plan.single and num_tokens > 1):
         return plan
     split = plan_launch(num_tokens, num_experts, tokens_per_request, False, min_parts=2)
     if split.single or not group_warp_routing(router, num_experts, split, has_bias, truncation, fill, align):
@@ -607,6 +613,41 @@ def routes_static_alone(cfg: PrunerConfig, has_metrics: bool) -> bool:
     return static and (ROUTING_SUMS_MASS or not has_metrics)
 
 
+def call_plan(
+    call: RoutingCall,
+    cfg: PrunerConfig,
+    *,
+    route: bool = True,
+    has_metrics: bool = False,
+    has_stats: bool = False,
+    fill_dropped: bool = False,
+    align: bool = False,
+) -> tuple[LaunchPlan, bool]:
+    """The launch plan of one :func:`prune_route` call and whether static moe-spec routes alone in it
+    (the routing kernel, no selection launch): :func:`plan_for`, then, for a call that routes,
+    :func:`plan_rows_alone`.  ``plan.kernels(cfg.policy, static_alone)`` names its launches."""
+    num_tokens, num_experts = call.logits.shape
+    plan = plan_for(cfg, num_tokens, num_experts, call.tokens_per_request)
+    static_rule = route and not has_stats and routes_static_alone(cfg, has_metrics)
+    if route:
+        truncation = cfg.coverage == "truncation"
+        has_bias = call.correction_bias is not None
+        plan = plan_rows_alone(
+            cfg,
+            plan,
+            num_tokens,
+            call.tokens_per_request,
+            call.router,
+            num_experts,
+            has_bias,
+            truncation,
+            fill_dropped,
+            align,
+            static_alone=static_rule,
+        )
+    return plan, static_rule and not plan.single
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -654,7 +695,17 @@ def _launch_kernels(
     num_tokens, num_experts = logits.shape
     policy = _policy_args(cfg, call)
     per_request = per_request_policy(cfg)
-    plan = plan_for(cfg, num_tokens, num_experts, call.tokens_per_request)
+    has_metrics = metrics_row is not None
+    has_stats = stats_out is not None
+    plan, static_alone = call_plan(
+        call,
+        cfg,
+        route=route,
+        has_metrics=has_metrics,
+        has_stats=has_stats,
+        fill_dropped=fill_dropped,
+        align=alignment is not None,
+    )
     num_valid_tokens = call.num_valid_tokens
     nv_tensor = isinstance(num_valid_tokens, torch.Tensor)
     nv_ptr = num_valid_tokens if nv_tensor else ws.tickets
@@ -662,8 +713,6 @@ def _launch_kernels(
     token_weights = call.token_weights
     has_weights = token_weights is not None
     weights_in = token_weights.contiguous() if has_weights else ws.prim
-    has_metrics = metrics_row is not None
-    has_stats = stats_out is not None
     # A rule that needs no scores (oea, static moe-spec, LYNX) would compute them only for the
     # retained-mass metric: above one program the routing kernel sums that mass from the rows it
     # routes, off the selection's critical path (_prune_route.route_mass)
@@ -682,13 +731,10 @@ def _launch_kernels(
     # when only the retained mass wants them, the activated count, the routing's mass and its ticket
     gated = has_metrics and metrics_gate is not None
     metric_scores = need_scores and not (policy["rule_scores"] or policy["has_cap"] or has_stats)
-    static_alone = route and not plan.single and not has_stats and routes_static_alone(cfg, has_metrics)
     num_groups = router.num_expert_group
     correction_bias = call.correction_bias
     has_bias = correction_bias is not None
     group_route = (router, num_experts, has_bias, cfg.coverage == "truncation", fill_dropped)
-    if route:
-        plan = plan_none_rows(cfg, plan, num_tokens, call.tokens_per_request, *group_route, alignment is not None)
     block_e = plan.block_experts
     group_warps = group_warp_routing(*group_route[:2], plan, *group_route[2:], alignment is not None)
     common = dict(

@@ -143,7 +143,6 @@ if wanted tests; then
     fi
     stage tests "$(box tests 25)" python3 -m pytest "${parallel[@]}" -v -p no:cacheprovider -rfE --junitxml="$work/gpu_tests.xml" \
         tests/test_kernels_gpu.py tests/test_gpu_reference.py tests/test_echo_gpu.py tests/test_kernel_primitives.py \
-        tests/test_token_alignment.py \
         tests/test_kernels.py -k "gpu or leave_the_counters or whichever_program or interleaved_layers or split_tile or fails_part_way or per_stream or current_device or sixteen or infinity or primitives"
     keep "$work/gpu_tests.xml"
 fi

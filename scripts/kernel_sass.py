@@ -46,7 +46,6 @@ import torch
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.common import git_sha
 from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, kernel_sass, loop_bodies, sass_stats
-from xshare_sglang.kernels import token_alignment
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -170,14 +169,6 @@ def main() -> int:
         help="add a column: each loop body's instructions/BAR/SHFL/global loads (one trip, in branch order)",
     )
     parser.add_argument(
-        "--align",
-        type=int,
-        default=0,
-        metavar="BLOCK_M",
-        help="also sort the routed slots by expert for blocks of BLOCK_M rows in the routing launches "
-        "(prune_route's alignment; every expert local)",
-    )
-    parser.add_argument(
         "--block-picks",
         action="store_true",
         help="compile the calibrated rankings' greedy picks block-wide (WARP_PICKS_MAX_EXPERTS = 0), the "
@@ -252,8 +243,6 @@ def main() -> int:
                     correction_bias=torch.zeros(num_experts) if router.scoring == "sigmoid" else None,
                 )
                 extra = {}
-                if args.align:
-                    extra["alignment"] = token_alignment(num_tokens, router.top_k, num_experts, args.align)
                 metrics_row = None if args.no_metrics else torch.zeros(4, dtype=torch.int64)
                 if args.metrics_gate:
                     extra["metrics_gate"] = torch.ones(1, dtype=torch.int32)

@@ -4,8 +4,7 @@
 Run as ``python -m tests.compile_sm90 CASES_JSON`` with ``TRITON_INTERPRET`` unset;
 ``tests/test_kernels_ptx.py`` does.  Each case is a dict with ``tokens``, ``experts``, ``policy``,
 ``router`` (softmax, sigmoid, grouped, biased), ``top_k``, ``fill``, ``metrics`` and optionally
-``align`` (a block size: the routed slots also sorted by expert, for half the experts) and ``pdl``
-(launched as programmatic dependents); the output is one
+``pdl`` (launched as programmatic dependents); the output is one
 JSON list, per case ``{kernel: {ptx op: count}}`` or ``{"error": message}``.  With ``PYTHONPATH``
 naming another Triton install first, the same cases compile with that Triton (the GPU machine's
 Triton 3.6 crashed on some that SGLang's 3.8 compiles).
@@ -22,7 +21,6 @@ import torch
 from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, ptx_counts
-from xshare_sglang.kernels import token_alignment
 from xshare_sglang.policies.call import RouterSpec
 
 
@@ -60,9 +58,6 @@ def compile_case(case: dict) -> dict:
     )
     metrics = torch.zeros(4, dtype=torch.int64) if case["metrics"] else None
     extra = {}
-    if case.get("align"):
-        tokens, experts = case["tokens"], case["experts"]
-        extra["alignment"] = token_alignment(tokens, case["top_k"], experts, case["align"], experts // 2, experts // 4)
     if case.get("pdl"):
         extra["enable_pdl"] = True
     launches = capture_launches(call, _config(case["policy"]), fill_dropped=case["fill"], metrics_row=metrics, **extra)

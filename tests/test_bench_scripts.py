@@ -251,10 +251,8 @@ def test_bench_moe_layer_smoke(tmp_path) -> None:
     # pruned layer == float32 reference MoE with the same routing; kernel masks and routing == torch reference
     assert all(r["checks_ok"] and r["masks_equal"] and r["routing_equal"] for r in rows)
     assert all(r["moe_rel_err"] <= 2e-2 for r in rows)
-    # the alignment written by the routing launches gives the MoE output bit for bit; launches are
-    # profiled on a GPU only
-    assert all(r["folded_equal"] and r["pruned_folded_us"] > 0 for r in rows)
-    assert all(r["launches_pruned_folded"] is None for r in rows)
+    # launches are profiled on a GPU only
+    assert all(r["launches_pruned"] is None for r in rows)
     assert all(r["pruned_le_baseline"] and r["activated_pruned"] <= r["activated_baseline"] for r in rows)
     # the roofline: max(weight bytes / bandwidth, FLOPs / the matmul peak measured in this run)
     assert meta["matmul_tflops"] > 0

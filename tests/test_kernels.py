@@ -28,7 +28,6 @@ from xshare_sglang.kernels import (
     plan_launch,
     prune_route,
     select_keep_mask,
-    token_alignment,
 )
 from xshare_sglang.kernels import _prune_route as jit
 from xshare_sglang.kernels.prune_route import COVERAGE_SPLIT_ROWS, MAX_TILE_ROWS, TILE_ELEMENTS
@@ -501,7 +500,7 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     """Which launches route with a warp per group (``group_warp_routing``): a one-row call of biased
     groups of 32 experts, whatever the policy, the routing kernel above one program up to 256 rows
     (a program per row), and 2 to 8 rows of ``none`` and static moe-spec; not a one-program call of
-    several rows of another rule, truncation, filled slots, the aligned routing, groups of another
+    several rows of another rule, truncation, filled slots, groups of another
     size, or with the switch off (``bench_selection.py --no-group-warps``)."""
     wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
     oea = PrunerConfig(policy="oea", k0=1)
@@ -509,15 +508,12 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
     assert _launch_grids(1, 256, oea)["select_kernel"] == ((1,), 8, True)
     # none and static moe-spec of 2 to 8 rows: the routing kernel, a program per row (a rule's rows: one
-    # program); static moe-spec aligning its slots, or without the routing's sums of the mass, keeps its program
+    # program); static moe-spec without the routing's sums of the mass keeps its program
     assert _launch_grids(2, 256, PrunerConfig()) == {"route_kernel": ((2,), 8, True)}
     assert _launch_grids(8, 256, PrunerConfig()) == {"route_kernel": ((8,), 8, True)}
     static = _static_ranking(tmp_path, 256)
     assert _launch_grids(2, 256, static) == {"route_kernel": ((2,), 8, True)}
     assert _launch_grids(8, 256, static) == {"route_kernel": ((8,), 8, True)}
-    assert _launch_grids(8, 256, static, alignment=token_alignment(8, 8, 256, 16)) == {
-        "select_kernel": ((1,), 8, False)
-    }
     with monkeypatch.context() as patch:
         patch.setattr(wrapper, "ROUTING_SUMS_MASS", False)  # the metrics row's mass from the selection
         assert _launch_grids(8, 256, static) == {"select_kernel": ((1,), 8, False)}
@@ -530,8 +526,6 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert _launch_grids(257, 256, PrunerConfig()) == {"route_kernel": ((33,), 8, False)}
     assert _launch_grids(512, 256, oea)["route_kernel"] == ((64,), 8, False)
     assert _launch_grids(40, 256, oea)["select_kernel"][2] is False
-    aligned = _launch_grids(40, 256, oea, alignment=token_alignment(40, 8, 256, 16))
-    assert aligned["route_kernel"] == ((5,), 8, False)  # tiles of 8 rows on a warp per row
     assert _launch_grids(40, 256, PrunerConfig(coverage="truncation"))["route_kernel"] == ((5,), 8, False)
     assert _launch_grids(40, 256, PrunerConfig(), fill_dropped=True)["route_kernel"] == ((5,), 8, False)
     assert _launch_warps(1, 256, PrunerConfig(coverage="truncation")) == {"select_kernel": 1}
@@ -542,9 +536,8 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 8
     assert wrapper.group_warp_routing(RouterSpec(16, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 0
     assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, False, False, False) == 0
-    # ...not with filled slots or the aligned routing: one program, a warp per row
+    # ...not with filled slots: one program, a warp per row
     assert _launch_grids(4, 256, PrunerConfig(), fill_dropped=True) == {"select_kernel": ((1,), 4, False)}
-    assert list(_launch_grids(4, 256, PrunerConfig(), alignment=token_alignment(4, 8, 256, 16))) == ["select_kernel"]
     monkeypatch.setattr(wrapper, "GROUP_WARP_ROUTING", False)
     assert _launch_grids(2, 256, PrunerConfig()) == {"select_kernel": ((1,), 2, False)}
     assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 1}
@@ -802,8 +795,8 @@ def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path
     co-activation ranking run on one warp per row up to four rows (light rules, as xshare whose
     budget takes every candidate always was); with it off (``bench_selection.py --tile-warps``) on a
     tile's four.  A one-program call of 5 to 8 rows runs any rule on a tile's four warps either way
-    (eight, one per row, lost on an H200).  A rule with an order or a cap, several programs, E=256
-    and the aligned path are not concerned."""
+    (eight, one per row, lost on an H200).  A rule with an order or a cap, several programs and E=256
+    are not concerned."""
     monkeypatch.setattr(
         importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
     )
@@ -836,8 +829,6 @@ def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path
     assert _launch_warps(8, 256, xshare) == {"select_kernel": 8}
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
     assert _launch_warps(32, 128, xshare) == {"select_kernel": 4, "route_kernel": 8}
-    assert _launch_warps(8, 128, xshare, alignment=token_alignment(8, 8, 128, 16)) == {"select_kernel": 4}
-    assert _launch_warps(1, 128, oea, alignment=token_alignment(1, 8, 128, 16)) == {"select_kernel": 4}
 
 
 @pytest.mark.fused_selection
@@ -937,12 +928,9 @@ def test_coverage_ranking_plans_two_programs_for_a_tall_tile(num_experts) -> Non
 )
 def test_coverage_ranking_on_a_split_tile_matches_reference(num_tokens, num_experts, routing, monkeypatch) -> None:
     """Coverage calls of one tile from COVERAGE_SPLIT_ROWS rows launch the selection over two programs
-    and the routing (the pair sums zeroed before them), T=4 one program; ids, keep mask, metrics and the token alignment
+    and the routing (the pair sums zeroed before them), T=4 one program; ids, keep mask and metrics
     equal the reference's, weights within tolerance, on two calls in a row on one workspace (the pair
     sums start from 0 each time), with padding rows and filled slots."""
-    from xshare_sglang.kernels import token_alignment
-    from xshare_sglang.policies.token_alignment import align_reference
-
     launches = []
     launcher = type(jit.select_kernel)
     original_run = launcher.run
@@ -964,7 +952,6 @@ def test_coverage_ranking_on_a_split_tile_matches_reference(num_tokens, num_expe
         want = prune_route_reference(
             routing_call(logits, router, **fields), cfg, fill_dropped=True, metrics_row=want_metrics
         )
-        alignment = token_alignment(num_tokens, top_k, num_experts, 16, device=DEVICE)
         metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
         launches.clear()
         got = prune_route(
@@ -972,7 +959,6 @@ def test_coverage_ranking_on_a_split_tile_matches_reference(num_tokens, num_expe
             cfg,
             fill_dropped=True,
             metrics_row=metrics,
-            alignment=alignment,
             workspace=workspace,
         )
         label = f"T={num_tokens} E={num_experts} {routing} call {seed}"
@@ -984,11 +970,6 @@ def test_coverage_ranking_on_a_split_tile_matches_reference(num_tokens, num_expe
         assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
         torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **WEIGHT_TOLERANCE, msg=label)
         assert metrics.cpu().tolist() == want_metrics.tolist(), label
-        sorted_ids, expert_ids, bounds = align_reference(want.topk_ids, 16, num_experts, 0)
-        end = int(bounds[-1])
-        assert alignment.bounds.cpu().tolist() == bounds.tolist(), label
-        assert alignment.sorted_ids[:end].cpu().tolist() == sorted_ids.tolist(), label
-        assert alignment.expert_ids[: end // 16].cpu().tolist() == expert_ids.tolist(), label
 
 
 # ------------------------------------------------------------------ tickets, workspaces, devices
@@ -1011,16 +992,13 @@ CLEAN_CASES = {
 @pytest.mark.parametrize("case", sorted(CLEAN_CASES))
 def test_calls_leave_the_counters_at_zero(case) -> None:
     """Above one program no launch resets the counters: the last program of each kernel clears what
-    its kernel accumulated.  After every kind of multi-program call (routing with metrics and token
-    alignment, routing alone, the keep mask alone) the tickets, accumulators and marks are all 0
+    its kernel accumulated.  After every kind of multi-program call (routing with metrics, routing alone, the keep mask alone) the tickets, accumulators and marks are all 0
     again, and two calls in a row on one workspace both give the reference's answer."""
-    from xshare_sglang.kernels import token_alignment
-
     num_tokens, num_experts, top_k = 64, 128, 8
     cfg = PrunerConfig(**CLEAN_CASES[case])
     assert not plan_launch(num_tokens, num_experts, 4, cfg.policy == "xshare-spec").single
     workspace = SelectionWorkspace(num_experts, DEVICE)
-    for seed, entry in enumerate(["metrics+align", "route", "keep_mask", "metrics+align"]):
+    for seed, entry in enumerate(["metrics", "route", "keep_mask", "metrics"]):
         logits = make_logits(num_tokens, num_experts, "normal", seed=seed)
         call = routing_call(logits, top_k, device=DEVICE, num_valid_tokens=60, as_tensor=True, tokens_per_request=4)
         want_metrics = torch.zeros(4, dtype=torch.int64)
@@ -1032,8 +1010,7 @@ def test_calls_leave_the_counters_at_zero(case) -> None:
             assert keep.cpu().tolist() == want.keep.tolist(), entry
         else:
             metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE) if "metrics" in entry else None
-            alignment = token_alignment(num_tokens, top_k, num_experts, 16, device=DEVICE) if "align" in entry else None
-            got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics, alignment=alignment)
+            got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics)
             assert got.keep.cpu().tolist() == want.keep.tolist(), entry
             assert torch.equal(got.topk_ids.cpu(), want.topk_ids), entry
             if metrics is not None:
@@ -1152,8 +1129,7 @@ def test_retained_mass_of_rules_without_scores_is_summed_by_the_routing(
 
 # (policy, T, E, routing, launch): every kind of launch a gate reaches.  One program: the rules whose
 # scores only the retained mass wants (oea, static moe-spec, LYNX), a rule that scores anyway, none.
-# Above one: the routing's retained mass (and with the folded alignment, whose ticket stays), static
-# moe-spec's routing kernel alone, LYNX's three kernels, the per-request selection, none's routing
+# Above one: the routing's retained mass, static moe-spec's routing kernel alone, LYNX's three kernels, the per-request selection, none's routing
 # alone, and a select-only call.
 GATE_CASES = [
     ("oea", 1, 128, "softmax", "route"),
@@ -1162,7 +1138,7 @@ GATE_CASES = [
     ("xshare", 7, 160, "biased", "route"),
     ("none", 1, 256, "biased", "route"),
     ("oea", 64, 160, "biased", "route"),
-    ("oea", 40, 64, "softmax", "align"),
+    ("oea", 40, 64, "softmax", "route"),
     ("moe-spec-static", 40, 256, "biased", "route"),
     ("lynx", 64, 128, "softmax", "route"),
     ("xshare-spec", 48, 64, "sigmoid", "route"),
@@ -1179,11 +1155,9 @@ def test_a_metrics_gate_of_zero_adds_nothing_and_leaves_the_counters_clean(
     """With a metrics gate, a call adds its metrics only while the gate holds a nonzero value: three
     calls on one workspace with the gate refilled in place (0, 1, 0, as a server samples one forward
     in a few) leave the metrics row at the reference's sums after each (0 after the first; the
-    second's exact metrics after the third), the mask, ids and (with the folded alignment) the sorted
-    slots equal the reference's every time, and every counter of the workspace, the routing's visit
+    second's exact metrics after the third), the mask and ids equal the reference's every time, and every counter of the workspace, the routing's visit
     words included, is back at 0 after each call."""
     from xshare_sglang.bench.kernel_compile import capture_launches
-    from xshare_sglang.policies.token_alignment import align_reference
 
     cfg = {
         "oea": PrunerConfig(policy="oea", k0=2),
@@ -1216,23 +1190,12 @@ def test_a_metrics_gate_of_zero_adds_nothing_and_leaves_the_counters_clean(
             got = select_keep_mask(call, cfg, metrics_row=metrics, metrics_gate=gate, workspace=workspace)
             assert got.cpu().tolist() == want.tolist(), step
         else:
-            alignment = None
-            if launch == "align":
-                alignment = token_alignment(num_tokens, router.top_k, num_experts, 16, device=DEVICE)
             want = prune_route_reference(
                 reference_call, cfg, metrics_row=want_metrics, metrics_gate=torch.tensor([value], dtype=torch.int32)
             )
-            got = prune_route(
-                call, cfg, metrics_row=metrics, metrics_gate=gate, workspace=workspace, alignment=alignment
-            )
+            got = prune_route(call, cfg, metrics_row=metrics, metrics_gate=gate, workspace=workspace)
             assert got.keep.cpu().tolist() == want.keep.tolist(), step
             assert got.topk_ids.cpu().tolist() == want.topk_ids.tolist(), step
-            if alignment is not None:
-                sorted_ids, expert_ids, bounds = align_reference(want.topk_ids, 16, num_experts, 0)
-                end = int(bounds[-1])
-                assert alignment.bounds.cpu().tolist() == bounds.tolist(), step
-                assert alignment.sorted_ids[:end].cpu().tolist() == sorted_ids.tolist(), step
-                assert alignment.expert_ids[: end // 16].cpu().tolist() == expert_ids.tolist(), step
         assert metrics.cpu().tolist() == want_metrics.tolist(), step
         assert not workspace.counters.cpu().any(), step
         assert not workspace.visits.cpu().any(), step
@@ -1244,7 +1207,6 @@ def test_a_metrics_gate_of_zero_adds_nothing_and_leaves_the_counters_clean(
             cfg,
             metrics_row=torch.zeros(4, dtype=torch.int64),
             metrics_gate=torch.ones(1, dtype=torch.int32),
-            **({"alignment": token_alignment(num_tokens, router.top_k, num_experts, 16)} if launch == "align" else {}),
         )
         if launch != "select"
         else {}

@@ -199,12 +199,6 @@ def build_call(case: dict, folder: Path) -> tuple[RoutingCall, PrunerConfig, dic
 
 
 # ------------------------------------------------------------------------------------------ capture
-def _kernel_module():
-    from ..kernels import _prune_route
-
-    return _prune_route
-
-
 KERNELS = ("fill_kernel", "select_kernel", "lynx_pick_kernel", "route_kernel")
 
 
@@ -227,7 +221,7 @@ def recording() -> Iterator[list]:
     order: ``(jit function, grid, args, kwargs)``) instead of launching, and CPU tensors reach the
     launch code as under the interpreter."""
     wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
-    jit = _kernel_module()
+    jit = importlib.import_module("xshare_sglang.kernels._prune_route")
     real = {name: getattr(jit, name) for name in KERNELS}
     launches: list = []
     interpreting = wrapper._interpreting
@@ -352,6 +346,57 @@ def ptx_digest(fn, args: tuple, kwargs: dict) -> str:
     return "sha256:" + hashlib.sha256(normalized_ptx(ptx, fn.__name__).encode()).hexdigest()
 
 
+_CONSTANT_BANK = re.compile(r"c\[0x[0-9a-f]+\]\[0x[0-9a-f]+\]")
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?);")
+
+
+def masked_sass(fn, args: tuple, kwargs: dict) -> list[str]:
+    """The launch's sm_90 SASS (compiled with ptxas and disassembled with the ``cuobjdump`` Triton
+    ships), one instruction a line, with every constant-bank operand (``c[bank][offset]``: the kernel's
+    parameters among them) masked: removing a parameter moves the others' offsets and nothing else."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from .kernel_compile import kernel_sass
+
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    import triton
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    lines = []
+    for match in _SASS_LINE.finditer(kernel_sass(compiled)):
+        instruction = " ".join(match.group(1).split())
+        if not instruction.startswith("NOP"):
+            lines.append(_CONSTANT_BANK.sub("c[*][*]", instruction))
+    return lines
+
+
+def sass_digests(case_ids: list[str], progress=None) -> dict[str, list[str]]:
+    """``{call id: [digest of each launch's masked SASS]}`` for the named calls of :data:`CASES`
+    (:func:`masked_sass`): run on two commits, equal digests show a change left the machine code as
+    it was but for parameter offsets."""
+    wanted = set(case_ids)
+    out: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for case in CASES:
+            name = case_id(case)
+            if name not in wanted:
+                continue
+            out[name] = [
+                "sha256:" + hashlib.sha256("\n".join(masked_sass(fn, args, kwargs)).encode()).hexdigest()
+                for fn, _, args, kwargs in capture(case, Path(folder))
+            ]
+            if progress is not None:
+                progress(len(out), len(wanted), len(out))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ manifest
 def _specialization_key(fn, args: tuple, kwargs: dict) -> str:
     """What decides a launch's compiled code: the kernel, Triton's specialization of its arguments,
@@ -443,12 +488,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, help="write the manifest to this file")
     parser.add_argument("--check", type=Path, help="compare with this committed manifest; exit 1 on a difference")
     parser.add_argument("--no-ptx", action="store_true", help="the launches alone (seconds), no PTX digests")
+    parser.add_argument(
+        "--sass",
+        nargs=2,
+        type=Path,
+        metavar=("CALLS", "OUT"),
+        help="write the masked-SASS digests of the calls named in CALLS (a JSON list of ids) to OUT",
+    )
     args = parser.parse_args(argv)
 
     def progress(done: int, total: int, compiled: int) -> None:
         if done % 25 == 0 or done == total:
             print(f"{done}/{total} calls, {compiled} kernels compiled", file=sys.stderr, flush=True)
 
+    if args.sass:
+        calls, out = args.sass
+        out.write_text(json.dumps(sass_digests(json.loads(calls.read_text()), progress), indent=1) + "\n")
+        return 0
     manifest = build(ptx=not args.no_ptx, progress=progress)
     if args.write:
         args.write.write_text(dumps(manifest))

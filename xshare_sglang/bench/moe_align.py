@@ -1,16 +1,64 @@
-"""Token alignment for the fused-MoE benchmarks: the launch wrapper of
-:mod:`xshare_sglang.kernels._moe_align`, whose torch reference is
-:func:`xshare_sglang.policies.token_alignment.align_reference` (the two must agree exactly)."""
+"""Token alignment for the MoE-layer benchmark: the slots of a routing sorted by expert, the layout a
+fused-MoE kernel reads (SGLang's ``moe_align_block_size``), launched by :func:`align_tokens`
+(:mod:`xshare_sglang.bench._moe_align`), with :func:`align_reference`, its torch reference (the two
+must agree exactly).
+
+Layout, for ``ids`` of shape [T, top_k] and a block of ``block_m`` rows:
+
+* slot ``s = t * top_k + j`` goes to bucket ``ids[t, j] - expert_offset`` when that is one of this
+  rank's ``num_local`` experts, and to the last bucket ``num_local`` otherwise (``-1``, padding rows,
+  other ranks' experts);
+* buckets follow each other in order, each padded to a multiple of ``block_m``; inside a bucket the
+  slots keep their order (ascending ``s``); a padding place holds ``T * top_k``;
+* each block of ``block_m`` places names its expert (``-1`` for the last bucket: the fused kernel
+  skips such blocks and writes zeros).
+"""
 
 from __future__ import annotations
 
 import torch
 import triton
 
-from ..kernels import _moe_align as jit
-from ..policies.token_alignment import align_reference, aligned_length
+from . import _moe_align as jit
 
 __all__ = ["align_reference", "align_tokens", "aligned_length", "local_ids"]
+
+
+def aligned_length(numel: int, block_m: int, num_local: int) -> int:
+    """Places the sorted slots can need: each non-empty bucket adds at most ``block_m - 1`` padding places."""
+    return numel + min(numel, num_local + 1) * (block_m - 1)
+
+
+def slot_buckets(ids: torch.Tensor, num_local: int, expert_offset: int) -> torch.Tensor:
+    """Bucket of every slot of ``ids`` (flattened): its local expert, or ``num_local``."""
+    local = ids.reshape(-1).long() - expert_offset
+    valid = (ids.reshape(-1) >= 0) & (local >= 0) & (local < num_local)
+    return torch.where(valid, local, num_local)
+
+
+def align_reference(ids: torch.Tensor, block_m: int, num_local: int, expert_offset: int = 0):
+    """The layout of the module docstring, in plain torch.
+
+    Returns
+    -------
+    sorted_ids : Tensor, shape [bounds[-1]], int32
+    expert_ids : Tensor, shape [bounds[-1] / block_m], int32
+    bounds : Tensor, shape [num_local + 2], int32
+    """
+    bucket = slot_buckets(ids, num_local, expert_offset).cpu()
+    numel = bucket.numel()
+    counts = torch.bincount(bucket, minlength=num_local + 1)
+    padded = (counts + block_m - 1) // block_m * block_m
+    bounds = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(padded, 0)])
+    sorted_ids = torch.full((int(bounds[-1]),), numel, dtype=torch.int32)
+    expert_ids = torch.full((int(bounds[-1]) // block_m,), -1, dtype=torch.int32)
+    order = torch.argsort(bucket, stable=True)  # by bucket, ascending slots inside one
+    place = bounds[bucket[order]] + torch.arange(numel) - torch.cumsum(counts, 0)[bucket[order]] + counts[bucket[order]]
+    sorted_ids[place] = order.to(torch.int32)
+    blocks = padded // block_m
+    owner = torch.repeat_interleave(torch.arange(num_local + 1), blocks)
+    expert_ids[:] = torch.where(owner < num_local, owner, -1).to(torch.int32)
+    return sorted_ids, expert_ids, bounds.to(torch.int32)
 
 
 def local_ids(ids: torch.Tensor, offset: int, num_local: int) -> tuple[torch.Tensor, torch.Tensor]:

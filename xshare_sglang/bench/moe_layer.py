@@ -27,10 +27,9 @@ import triton.language as tl
 
 from .. import PrunerConfig, route_within
 from ..break_even import BucketTiming, decide
-from ..kernels import SelectionWorkspace, prune_route, token_alignment
+from ..kernels import SelectionWorkspace, prune_route
 from ..policies.api import select
 from ..policies.call import RouterSpec, RoutingCall
-from ..policies.token_alignment import TokenAlignment
 from ..replay.route_csv import bundled_trace_path, load_route_csv
 from .common import count_launches, sync, time_graph, write_csv
 from .moe_align import align_reference, align_tokens, local_ids
@@ -307,20 +306,10 @@ class GroupedMMMoE:
     def config_label(self, num_tokens: int, shape: Shape) -> str:
         return "-"
 
-    def block_m(self, num_tokens: int, shape: Shape, config: dict | None = None) -> int:
-        """Rows per block of the alignment this backend reads (one: groups of any size)."""
-        return 1
-
-    def __call__(
-        self, x, ids, weights, w13, w2, offset: int, config: dict | None = None, aligned: TokenAlignment | None = None
-    ) -> torch.Tensor:
-        """``aligned``: the slots already sorted by expert (by the pruned routing), instead of aligning here."""
+    def __call__(self, x, ids, weights, w13, w2, offset: int, config: dict | None = None) -> torch.Tensor:
         num_tokens, top_k = ids.shape
         numel, num_local, inter = ids.numel(), w13.shape[0], w2.shape[2]
-        if aligned is not None:
-            sorted_ids, bounds = aligned.sorted_ids, aligned.bounds
-        else:
-            sorted_ids, _, bounds = align_tokens(ids, 1, num_local, offset, expert_ids=False)
+        sorted_ids, _, bounds = align_tokens(ids, 1, num_local, offset, expert_ids=False)
         order = sorted_ids.long()
         offs = bounds[1 : num_local + 1]
         h = torch._grouped_mm(x.index_select(0, order // top_k), w13.transpose(1, 2), offs=offs)
@@ -546,25 +535,12 @@ class SglangFusedMoE:
     def config_label(self, num_tokens: int, shape: Shape) -> str:
         return self.label(*self.config(num_tokens, shape.local_experts, shape.intermediate))
 
-    def block_m(self, num_tokens: int, shape: Shape, config: dict | None = None) -> int:
-        """Rows per block of the alignment this backend reads: the config's ``BLOCK_SIZE_M``."""
-        cfg = config if config is not None else self.config(num_tokens, shape.local_experts, shape.intermediate)[0]
-        return int(cfg["BLOCK_SIZE_M"])
-
-    def __call__(
-        self, x, ids, weights, w13, w2, offset: int, config: dict | None = None, aligned: TokenAlignment | None = None
-    ) -> torch.Tensor:
-        """The fused MoE with ``config`` (default: SGLang's choice for the call's token count); ``aligned``:
-        the slots already sorted by expert for that config's block (by the pruned routing)."""
+    def __call__(self, x, ids, weights, w13, w2, offset: int, config: dict | None = None) -> torch.Tensor:
+        """The fused MoE with ``config`` (default: SGLang's choice for the call's token count)."""
         num_tokens, top_k = ids.shape
         num_local, inter, hidden = w13.shape[0], w2.shape[2], w2.shape[1]
         cfg = config if config is not None else self.config(num_tokens, num_local, inter)[0]
-        if aligned is not None:
-            if aligned.block_m != cfg["BLOCK_SIZE_M"]:
-                raise ValueError(f"slots aligned to blocks of {aligned.block_m}, the config has {cfg['BLOCK_SIZE_M']}")
-            sorted_ids, expert_ids, bounds = aligned.sorted_ids, aligned.expert_ids, aligned.bounds
-        else:
-            sorted_ids, expert_ids, bounds = align_tokens(ids, cfg["BLOCK_SIZE_M"], num_local, offset)
+        sorted_ids, expert_ids, bounds = align_tokens(ids, cfg["BLOCK_SIZE_M"], num_local, offset)
         used = bounds[num_local + 1 :]
         kw = dict(
             compute_type=tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16,
@@ -773,34 +749,14 @@ class PrunedLayer:
         ]
         # routing buffers the selection-only graph writes (same work as in the layer)
         self.scratch = [(ids.clone(), w.clone()) for ids, w in case.baseline_routes]
-        self.alignment: TokenAlignment | None = None
 
-    def fold_alignment(self, block_m: int) -> TokenAlignment:
-        """Buffers for the routing to also sort its slots by expert, for blocks of ``block_m`` rows."""
-        shape = self.case.shape
-        self.alignment = token_alignment(
-            self.case.tokens, shape.top_k, shape.num_experts, block_m, shape.local_experts, 0, self.keep.device
-        )
-        return self.alignment
-
-    def _prune_route(self, j: int, ids: torch.Tensor | None = None, w: torch.Tensor | None = None, alignment=None):
+    def _prune_route(self, j: int, ids: torch.Tensor | None = None, w: torch.Tensor | None = None):
         return prune_route(
-            self.calls[j],
-            self.cfg,
-            keep_out=self.keep,
-            ids_out=ids,
-            weights_out=w,
-            alignment=alignment,
-            workspace=self.workspace,
+            self.calls[j], self.cfg, keep_out=self.keep, ids_out=ids, weights_out=w, workspace=self.workspace
         )
 
     def route(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         routed = self._prune_route(j)
-        return routed.topk_ids, routed.topk_weights
-
-    def route_aligned(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`route`, also writing the slots sorted by expert into :attr:`alignment`."""
-        routed = self._prune_route(j, alignment=self.alignment)
         return routed.topk_ids, routed.topk_weights
 
     def selection_only(self, j: int) -> None:
@@ -858,9 +814,8 @@ def md_tables(rows: list[dict], meta: dict) -> str:
         "b/roof and p/roof = baseline and pruned time over their rooflines (pruned target <= 1.5 for T >= 32), "
         "m/c = the pruned roofline's bound (memory or compute); cfg = SGLang's config time / the pruned time "
         "(with `--pruned-config both`: the plugin's config against SGLang's own, > 1 = the plugin's is faster); "
-        "folded us = the pruned layer with the alignment written by the routing launches (no alignment "
-        "kernel); launches = kernels one layer call puts on the GPU (profiled): unpruned (a fused top-k, "
-        "the alignment, the MoE) / pruned / folded.",
+        "launches = kernels one layer call puts on the GPU (profiled): unpruned (a fused top-k, "
+        "the alignment, the MoE) / pruned.",
     ]
     if meta.get("matmul_tflops"):
         lines.insert(4, f"bf16 matmul peak {meta['matmul_tflops']:.0f} TFLOP/s (measured in this run).")
@@ -868,9 +823,9 @@ def md_tables(rows: list[dict], meta: dict) -> str:
         lines += ["", f"## {model}", "", f"{meta['models'][model]['note']}; backend {meta['models'][model]['backend']}"]
         lines += [
             "",
-            "| phase | T | policy | settings | act | base us | pruned us | folded us | floor us | roof us | b/roof "
+            "| phase | T | policy | settings | act | base us | pruned us | floor us | roof us | b/roof "
             "| p/roof | m/c | cfg | x | ideal | r/i | sel us | sel % | launches | checks |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             if r["model"] != model:
@@ -879,7 +834,6 @@ def md_tables(rows: list[dict], meta: dict) -> str:
             lines.append(
                 f"| {r['phase']} | {r['T']} | {r['policy']} | {r['settings']} | {r['activated_baseline']:.1f} -> "
                 f"{r['activated_pruned']:.1f} | {r['baseline_us']:.1f} | {r['pruned_us']:.1f} | "
-                f"{_fmt(r.get('pruned_folded_us'), '.1f')} | "
                 f"{r['floor_pruned_us']:.1f} | {_fmt(r.get('roofline_pruned_us'), '.1f')} | "
                 f"{_fmt(r.get('baseline_over_roofline'), '.2f')} | {_fmt(r.get('pruned_over_roofline'), '.2f')}"
                 f"{_mark(r.get('target_roofline'))} | {(r.get('pruned_bound') or '-')[:1]} | "
@@ -893,7 +847,7 @@ def md_tables(rows: list[dict], meta: dict) -> str:
 
 
 def _launches(r: dict) -> str:
-    counts = [r.get(key) for key in ("launches_unpruned", "launches_pruned", "launches_pruned_folded")]
+    counts = [r.get(key) for key in ("launches_unpruned", "launches_pruned")]
     return "-" if any(c is None for c in counts) else "/".join(str(c) for c in counts)
 
 
@@ -1024,15 +978,13 @@ class ModelBench:
         self.info["errors"].append(message)
         print(f"[{self.shape.name}] ERROR {message}", flush=True)
 
-    def moe(self, i: int, x, ids, w, config: dict | None = None, aligned: TokenAlignment | None = None):
+    def moe(self, i: int, x, ids, w, config: dict | None = None):
         """The MoE of layer call i (weight copies alternate between calls); ``config``: block sizes
-        other than SGLang's choice (SGLang's kernel only); ``aligned``: the slots already sorted by
-        expert (the pruned routing wrote them), so the layer launches no alignment of its own."""
+        other than SGLang's choice (SGLang's kernel only)."""
         w13, w2 = self.weights[i % len(self.weights)]
-        extra = {} if aligned is None else {"aligned": aligned}
         if config is None:
-            return self.backend(x, ids, w, w13, w2, 0, **extra)
-        return self.backend(x, ids, w, w13, w2, 0, config=config, **extra)
+            return self.backend(x, ids, w, w13, w2, 0)
+        return self.backend(x, ids, w, w13, w2, 0, config=config)
 
     def plugin_config(self, case: Case, cfg: PrunerConfig) -> tuple[dict | None, str]:
         """With ``--pruned-config plugin|both`` and SGLang's kernel: the config the plugin's hook gives
@@ -1132,19 +1084,7 @@ class ModelBench:
 
             return pruned
 
-        # the alignment folded into the routing launches: same layout, so the same output bit for bit
-        aligned = layer.fold_alignment(self.backend.block_m(case.tokens, shape, plugin_cfg))
-        ids_folded, w_folded = layer.route_aligned(0)
-        out_folded = self.moe(0, case.xs[0], ids_folded, w_folded, config=plugin_cfg, aligned=aligned)
-        out_unfolded = self.moe(0, case.xs[0], ids_folded, w_folded, config=plugin_cfg)
-        folded_equal = bool(torch.equal(out_folded, out_unfolded))
-
-        def pruned_folded(i: int) -> None:
-            ids, w = layer.route_aligned(i % rot)
-            self.moe(i, case.xs[i % rot], ids, w, config=plugin_cfg, aligned=aligned)
-
         pruned_us = time_graph(pruned_with(plugin_cfg), args.calls, args.replays)
-        pruned_folded_us = time_graph(pruned_folded, args.calls, args.replays)
         pruned_sglang_us = None
         if plugin_cfg is not None and getattr(args, "pruned_config", "sglang") == "both":
             pruned_sglang_us = time_graph(pruned_with(None), args.calls, args.replays)
@@ -1153,9 +1093,7 @@ class ModelBench:
         ideal = case.baseline_activated / act if act > 0 else None  # None: no local expert left to read
         realized = speedup / ideal if ideal else None
         measured = self.device.type == "cuda"  # the CPU smoke run's times are no measurements
-        checks_ok = (
-            check["masks_equal"] and check["routing_equal"] and base_check and moe_err <= MOE_TOLERANCE and folded_equal
-        )
+        checks_ok = check["masks_equal"] and check["routing_equal"] and base_check and moe_err <= MOE_TOLERANCE
         tokens = case.tokens
         return {
             "model": shape.name,
@@ -1172,7 +1110,6 @@ class ModelBench:
             "activated_pruned": round(act, 2),
             "baseline_us": round(base_us, 2),
             "pruned_us": round(pruned_us, 2),
-            "pruned_folded_us": round(pruned_folded_us, 2),
             "pruned_sglang_config_us": _round(pruned_sglang_us, 2),
             "config_gain": _round(pruned_sglang_us / pruned_us if pruned_sglang_us else None, 3),
             "selection_us": round(sel_us, 2),
@@ -1203,8 +1140,6 @@ class ModelBench:
             "launches_baseline": launches["baseline"],
             "launches_unpruned": launches["unpruned_fused_topk"],
             "launches_pruned": count_launches(pruned_with(plugin_cfg)),
-            "launches_pruned_folded": count_launches(pruned_folded),
-            "folded_equal": folded_equal,
             "masks_equal": check["masks_equal"],
             "routing_equal": check["routing_equal"] and base_check,
             "moe_rel_err": round(moe_err, 6),

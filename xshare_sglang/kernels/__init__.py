@@ -5,8 +5,6 @@
   two otherwise; the reference is :func:`xshare_sglang.policies.prune_route.prune_route`;
 * :func:`select_keep_mask` - the keep mask alone, in one launch (same meaning as
   :func:`xshare_sglang.select_experts_mask`);
-* :func:`token_alignment` - buffers for ``prune_route`` to also write the routed slots sorted by
-  expert (the layout SGLang's fused-MoE kernel reads) in the launches that route;
 * :func:`dependent_launch_supported` - whether ``prune_route(..., enable_pdl=True)`` can launch on a
   device (Hopper and newer);
 * :class:`SelectionWorkspace` - preallocated scratch, to create before CUDA-graph capture, one per
@@ -24,7 +22,6 @@ from .prune_route import (
     plan_launch,
     prune_route,
     select_keep_mask,
-    token_alignment,
     unsupported_reason,
     workspace_key,
 )
@@ -37,7 +34,6 @@ __all__ = [
     "plan_launch",
     "prune_route",
     "select_keep_mask",
-    "token_alignment",
     "unsupported_reason",
     "workspace_key",
 ]

@@ -145,15 +145,6 @@ Serial loops and what replaced them (issue 33; ``docs/kernel-sass.md`` has the m
   routing program, which holds its rows and the final mask, sums its kept and total mass
   (``route_mass``) before its ticket, and the last one divides (``retained_share``).  Exact: the
   same integer terms as the aggregate's, summed in another order.
-* The token alignment SGLang's fused MoE runs after its top-k (``moe_align_block_size``: the slots
-  sorted by expert, each expert's run padded to the GEMM's block) is written by the launches that
-  route, when the call passes an alignment (issue 33, item 3), instead of by one or two launches of
-  its own.  Each routing tile ranks its slots among its earlier slots of the same expert with one
-  [slots, slots] comparison and records its count per expert (``align_chunk``); the last program
-  sums the counts over tiles, prefix-sums the padded totals into bucket starts, pads, names each
-  block's expert and puts every slot at start + the earlier tiles' count + its rank
-  (``align_finish``).  Exact: integer sums and prefix sums taken in tile order, whatever order the
-  tiles finished in, so inside a bucket the slots keep their order, as the reference's do.
 * The routing's top-k rounds took two row reductions per pick (the maximum key, then the picked
   expert's softmax term as a sum over the row; a third, its kept flag, under truncation).  The rounds
   now take the maxima alone.  After them the picks' logits come back from their keys (``key_logit``:
@@ -1446,121 +1437,6 @@ def route_mass(
 
 
 @triton.jit
-def slot_buckets(ids_ptr, ids_stride, rows, j, ok, expert_offset, num_local):
-    """Alignment bucket of each slot: its local expert, ``num_local`` for any other id, -1 off the call."""
-    ids = tl.load(ids_ptr + rows * ids_stride + j, mask=ok, other=-1)
-    local = ids - expert_offset
-    return tl.where(ok, tl.where((ids >= 0) & (local >= 0) & (local < num_local), local, num_local), -1)
-
-
-@triton.jit
-def align_chunk(
-    ids_ptr,
-    ids_stride,
-    top_k,
-    num_tokens,
-    first_row,
-    chunk,
-    expert_offset,
-    num_local,
-    counts_ptr,
-    rank_ptr,
-    ROWS: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    ALIGN_B: tl.constexpr,
-):
-    """One routed tile's share of the alignment: each slot's rank among the tile's earlier slots of its
-    bucket into ``rank[t * top_k + j]``, and the tile's slots per bucket into ``counts[chunk, :]``
-    (the last slot of each bucket stores its rank + 1 over a row of zeros).  One [slots, slots]
-    equality, two sums along it.  The caller puts a block barrier between writing the tile's ids and
-    this."""
-    s = tl.arange(0, ROWS * BLOCK_K)
-    rows = first_row + s // BLOCK_K
-    j = s % BLOCK_K
-    ok = (rows < num_tokens) & (j < top_k)
-    bucket = slot_buckets(ids_ptr, ids_stride, rows, j, ok, expert_offset, num_local)
-    same = bucket[:, None] == bucket[None, :]
-    rank = tl.sum((same & (s[None, :] < s[:, None])).to(tl.int32), axis=1)
-    last = ok & (tl.sum((same & (s[None, :] > s[:, None])).to(tl.int32), axis=1) == 0)
-    tl.store(rank_ptr + rows * top_k + j, rank, mask=ok)
-    b = tl.arange(0, ALIGN_B)
-    tl.store(counts_ptr + chunk * ALIGN_B + b, tl.zeros([ALIGN_B], tl.int32))
-    tl.debug_barrier()  # the zeros before the counts, whichever threads store them
-    tl.store(counts_ptr + chunk * ALIGN_B + bucket, rank + 1, mask=last)
-
-
-@triton.jit
-def align_finish(
-    ids_ptr,
-    ids_stride,
-    top_k,
-    num_tokens,
-    num_chunks,
-    expert_offset,
-    num_local,
-    counts_ptr,
-    rank_ptr,
-    sorted_ptr,
-    blocks_ptr,
-    bounds_ptr,
-    ROWS: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    ALIGN_B: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    """The alignment from every tile's share (one program, after every ``align_chunk``): bucket
-    bounds padded to ``BLOCK_M``, padding places, each block's expert, then every slot at its bucket's
-    start + the slots of earlier tiles in its bucket + its rank in its tile.  Integer sums and
-    prefix sums only: the same places as the reference, whatever order the tiles finished in."""
-    b = tl.arange(0, ALIGN_B)
-    b_ok = b <= num_local
-    STEP: tl.constexpr = 4096 // ALIGN_B  # tiles per step over the counts (ALIGN_B <= 1024)
-    total = tl.zeros([ALIGN_B], tl.int32)
-    for c0 in range(0, num_chunks, STEP):
-        c = c0 + tl.arange(0, STEP)
-        at = counts_ptr + c[:, None] * ALIGN_B + b[None, :]
-        c_ok = (c < num_chunks)[:, None] & b_ok[None, :]
-        total += tl.sum(tl.load(at, mask=c_ok, other=0, cache_modifier=".cg"), axis=0)
-    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    end = tl.cumsum(padded, axis=0)
-    start = end - padded
-    tl.store(bounds_ptr + 1 + b, end, mask=b_ok)
-    tl.store(bounds_ptr + b, 0, mask=b == 0)
-    numel = num_tokens * top_k
-    PAD: tl.constexpr = 16 if BLOCK_M > 16 else BLOCK_M
-    for p0 in range(0, BLOCK_M - 1, PAD):  # fewer than BLOCK_M padding places per bucket
-        p = total[:, None] + p0 + tl.arange(0, PAD)[None, :]
-        tl.store(sorted_ptr + start[:, None] + p, numel + 0 * p, mask=b_ok[:, None] & (p < padded[:, None]))
-    num_blocks = padded // BLOCK_M
-    expert = tl.where(b < num_local, b, -1)
-    QB: tl.constexpr = 16
-    for q0 in range(0, tl.max(num_blocks, axis=0), QB):
-        q = q0 + tl.arange(0, QB)[None, :]
-        at = blocks_ptr + start[:, None] // BLOCK_M + q
-        tl.store(at, expert[:, None] + 0 * q, mask=b_ok[:, None] & (q < num_blocks[:, None]))
-    # each tile's first place per bucket, over its counts
-    run = start
-    for c0 in range(0, num_chunks, STEP):
-        c = c0 + tl.arange(0, STEP)
-        at = counts_ptr + c[:, None] * ALIGN_B + b[None, :]
-        c_ok = (c < num_chunks)[:, None] & b_ok[None, :]
-        cnt = tl.load(at, mask=c_ok, other=0, cache_modifier=".cg")
-        tl.store(at, run[None, :] + tl.cumsum(cnt, axis=0) - cnt, mask=c_ok)
-        run += tl.sum(cnt, axis=0)
-    tl.debug_barrier()
-    STEP_ROWS: tl.constexpr = 1024 // BLOCK_K  # BLOCK_K <= 16
-    for r0 in range(0, num_tokens, STEP_ROWS):
-        s = tl.arange(0, STEP_ROWS * BLOCK_K)
-        rows = r0 + s // BLOCK_K
-        j = s % BLOCK_K
-        ok = (rows < num_tokens) & (j < top_k)
-        bucket = slot_buckets(ids_ptr, ids_stride, rows, j, ok, expert_offset, num_local)
-        first = tl.load(counts_ptr + (rows // ROWS) * ALIGN_B + bucket, mask=ok, other=0, cache_modifier=".cg")
-        rank = tl.load(rank_ptr + rows * top_k + j, mask=ok, other=0, cache_modifier=".cg")
-        tl.store(sorted_ptr + first + rank, rows * top_k + j, mask=ok)
-
-
-@triton.jit
 def select_kernel(
     logits_ptr,
     stride_t,
@@ -1617,14 +1493,6 @@ def select_kernel(
     group_size,
     num_groups,
     scale,
-    # the slots sorted by expert (ALIGN only)
-    expert_offset,
-    num_local,
-    align_counts_ptr,
-    align_rank_ptr,
-    sorted_ptr,
-    blocks_ptr,
-    bounds_ptr,
     HAS_NV_PTR: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
     MODE: tl.constexpr,
@@ -1664,9 +1532,6 @@ def select_kernel(
     ROUTE_T: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     ROUTE_KEY_SHIFT: tl.constexpr,
-    ALIGN: tl.constexpr,
-    ALIGN_B: tl.constexpr,
-    BLOCK_M: tl.constexpr,
     ROW_WARPS: tl.constexpr,
     GROUP_WARPS: tl.constexpr,
     PDL: tl.constexpr,
@@ -2135,46 +2000,9 @@ def select_kernel(
                     GROUP_WARPS,
                 )
                 used = tl.maximum(used, block_used)
-                if ALIGN:
-                    tl.debug_barrier()  # the tile's ids, stored by every thread, read back by any
-                    align_chunk(
-                        ids_ptr,
-                        ids_stride,
-                        route_top_k,
-                        num_tokens,
-                        c,
-                        c // ROUTE_T,
-                        expert_offset,
-                        num_local,
-                        align_counts_ptr,
-                        align_rank_ptr,
-                        ROUTE_T,
-                        BLOCK_K,
-                        ALIGN_B,
-                    )
             if HAS_METRICS:
                 if collect:
                     add_metric(metrics_ptr, tl.sum(used, axis=0))
-            if ALIGN:
-                tl.debug_barrier()
-                align_finish(
-                    ids_ptr,
-                    ids_stride,
-                    route_top_k,
-                    num_tokens,
-                    (num_tokens + ROUTE_T - 1) // ROUTE_T,
-                    expert_offset,
-                    num_local,
-                    align_counts_ptr,
-                    align_rank_ptr,
-                    sorted_ptr,
-                    blocks_ptr,
-                    bounds_ptr,
-                    ROUTE_T,
-                    BLOCK_K,
-                    ALIGN_B,
-                    BLOCK_M,
-                )
     if not SINGLE:
         if last:
             # Leave what the programs accumulated at 0 for the next call (no counter reset launch):
@@ -2353,13 +2181,6 @@ def route_kernel(
     static_count,
     min_tokens,
     max_tokens,
-    expert_offset,
-    num_local,
-    align_counts_ptr,
-    align_rank_ptr,
-    sorted_ptr,
-    blocks_ptr,
-    bounds_ptr,
     HAS_NV_PTR: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -2383,9 +2204,6 @@ def route_kernel(
     ALL_KEPT: tl.constexpr,
     STATIC_KEEP: tl.constexpr,
     HAS_RANGE: tl.constexpr,
-    ALIGN: tl.constexpr,
-    ALIGN_B: tl.constexpr,
-    BLOCK_M: tl.constexpr,
     ROW_WARPS: tl.constexpr,
     GROUP_WARPS: tl.constexpr,
     PDL: tl.constexpr,
@@ -2463,23 +2281,6 @@ def route_kernel(
         ROW_WARPS,
         GROUP_WARPS,
     )
-    if ALIGN:
-        tl.debug_barrier()  # the tile's ids, stored by every thread, read back by any
-        align_chunk(
-            ids_ptr,
-            ids_stride,
-            top_k,
-            num_tokens,
-            pid * CHUNK_T,
-            pid,
-            expert_offset,
-            num_local,
-            align_counts_ptr,
-            align_rank_ptr,
-            CHUNK_T,
-            BLOCK_K,
-            ALIGN_B,
-        )
     if HAS_METRICS:
         if collect:
             # the activated experts without a ticket: each program adds to every expert's int64 word
@@ -2515,42 +2316,17 @@ def route_kernel(
             )
             tl.atomic_add(mass_ptr, kept_mass, sem="relaxed")
             tl.atomic_add(mass_ptr + 1, total_mass, sem="relaxed")
-    if ALIGN or ROUTE_MASS:
+    if ROUTE_MASS:
         # the retained mass alone takes no ticket in a call without metrics (the same gate in every
         # program: all of them take one, or none)
-        if ALIGN:
-            ticketed = tl.full([], 1, tl.int1)
-        else:
-            ticketed = collect
-        if ticketed:
+        if collect:
             tl.debug_barrier()  # every thread's atomics and stores before the ticket (acquire-release)
             ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
             if ticket == tl.num_programs(0) - 1:
                 tl.store(ticket_ptr, 0)  # every program has its ticket: back at 0 for the next call
-                if ROUTE_MASS:
-                    if collect:
-                        kept_total = tl.load(mass_ptr, cache_modifier=".cg")
-                        total = tl.load(mass_ptr + 1, cache_modifier=".cg")
-                        add_metric(metrics_ptr + 2, retained_share(kept_total, total))
-                        tl.debug_barrier()  # every thread's loads before the zeros
-                        tl.store(mass_ptr, tl.zeros([], tl.int64))
-                        tl.store(mass_ptr + 1, tl.zeros([], tl.int64))
-                if ALIGN:
-                    align_finish(
-                        ids_ptr,
-                        ids_stride,
-                        top_k,
-                        num_tokens,
-                        tl.num_programs(0),
-                        expert_offset,
-                        num_local,
-                        align_counts_ptr,
-                        align_rank_ptr,
-                        sorted_ptr,
-                        blocks_ptr,
-                        bounds_ptr,
-                        CHUNK_T,
-                        BLOCK_K,
-                        ALIGN_B,
-                        BLOCK_M,
-                    )
+                kept_total = tl.load(mass_ptr, cache_modifier=".cg")
+                total = tl.load(mass_ptr + 1, cache_modifier=".cg")
+                add_metric(metrics_ptr + 2, retained_share(kept_total, total))
+                tl.debug_barrier()  # every thread's loads before the zeros
+                tl.store(mass_ptr, tl.zeros([], tl.int64))
+                tl.store(mass_ptr + 1, tl.zeros([], tl.int64))

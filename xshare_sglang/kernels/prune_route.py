@@ -20,7 +20,6 @@ the same either way.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -37,7 +36,6 @@ from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.prune_route import PrunedRouting, check_outputs, route_checked
 from ..policies.rewrite import add_metrics, selection_metrics
 from ..policies.scores import float32_value
-from ..policies.token_alignment import TokenAlignment, write_alignment
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +156,6 @@ def kernel_warps(
     block_experts: int,
     plan: LaunchPlan,
     policy: str,
-    align: bool = False,
     light_rule: bool = False,
     group_warps: int = 0,
 ) -> int:
@@ -175,15 +172,13 @@ def kernel_warps(
     E=128 compiles to 1 barrier instead of 27, for about 330 more instructions per lane (Triton 3.6;
     at E=256 it would be 1900 more, so DeepSeek-V3 keeps its eight warps).  :func:`is_light_rule` says
     which rules are light.  A rule on a tile taller than four rows keeps the tile's four warps: eight
-    warps, one per row, lost 0.4-2.2 us at T=8 on an H200 (:data:`ONE_PROGRAM_ROW_WARPS`).  Not when
-    the call also aligns its slots: one warp then
-    spilled about 2 KB of local memory per thread for the slot comparisons, four at E=256 416 bytes
-    (Triton 3.6, sm_90).  ``group_warps``: the call's one row routes with a warp per expert group
+    warps, one per row, lost 0.4-2.2 us at T=8 on an H200 (:data:`ONE_PROGRAM_ROW_WARPS`).
+    ``group_warps``: the call's one row routes with a warp per expert group
     (:func:`group_warp_routing`), this many.
     """
     if plan.single and group_warps:
         return group_warps
-    if plan.single and not align:
+    if plan.single:
         row_warps = route_warps(block_experts, plan)
         if policy == "none":
             return row_warps
@@ -209,13 +204,10 @@ def is_light_rule(policy_args: dict) -> bool:
     return ONE_PROGRAM_ROW_WARPS and policy_args["mode"] in ("MODE_WARM", "MODE_STATIC", "MODE_COACT")
 
 
-def group_warp_routing(
-    router, num_experts: int, plan: LaunchPlan, has_bias: bool, truncation: bool, fill: bool, align: bool = False
-) -> int:
+def group_warp_routing(router, num_experts: int, plan: LaunchPlan, has_bias: bool, truncation: bool, fill: bool) -> int:
     """Warps of a program that routes one row with a warp per expert group (:data:`GROUP_WARP_ROUTING`),
     or 0 when the call does not route that way: a one-program call of one row, or, above one program,
-    the routing kernel of up to :data:`GROUP_WARP_MAX_ROWS` rows, which then runs a program per row (not
-    when it also aligns the slots, whose scratch counts tiles of :func:`tile_rows`).
+    the routing kernel of up to :data:`GROUP_WARP_MAX_ROWS` rows, which then runs a program per row.
 
     Biased sigmoid routing (DeepSeek-V3's) whose groups split E into a power of two of groups of
     :data:`GROUP_WARP_SIZE` experts, at most 8 (a warp each), without truncation or filled slots (which
@@ -226,7 +218,7 @@ def group_warp_routing(
         return 0
     if plan.single and plan.route_rows != 1:
         return 0
-    if not plan.single and (align or plan.route_programs * plan.route_rows > GROUP_WARP_MAX_ROWS):
+    if not plan.single and plan.route_programs * plan.route_rows > GROUP_WARP_MAX_ROWS:
         return 0
     if not (has_bias and router.scoring == "sigmoid") or truncation or fill:
         return 0
@@ -247,7 +239,6 @@ def plan_rows_alone(
     has_bias: bool,
     truncation: bool,
     fill: bool,
-    align: bool = False,
     static_alone: bool = False,
 ) -> LaunchPlan:
     """The plan of a call that routes, given :func:`plan_for`'s: a call of 2 to 8 rows that needs no
@@ -260,7 +251,7 @@ def plan_rows_alone(
     if not (FEW_ROWS_ON_GROUP_WARPS and alone and plan.single and num_tokens > 1):
         return plan
     split = plan_launch(num_tokens, num_experts, tokens_per_request, False, min_parts=2)
-    if split.single or not group_warp_routing(router, num_experts, split, has_bias, truncation, fill, align):
+    if split.single or not group_warp_routing(router, num_experts, split, has_bias, truncation, fill):
         return plan
     return split
 
@@ -413,53 +404,6 @@ def plan_for(cfg: PrunerConfig, num_tokens: int, num_experts: int, tokens_per_re
 def tile_rows(num_experts: int) -> int:
     """Rows of one tile of logits for E experts (the routing kernel's rows per program)."""
     return max(1, min(MAX_TILE_ROWS, TILE_ELEMENTS // max(16, _next_pow2(num_experts))))
-
-
-def alignment_width(num_local: int) -> int:
-    """Buckets of one routing tile's counts: the local experts and the skipped bucket, to a power of two."""
-    return _next_pow2(num_local + 1)
-
-
-def alignment_scratch_size(num_tokens: int, top_k: int, num_experts: int, num_local: int) -> int:
-    """int32 words of scratch the kernels need to align ``num_tokens`` x ``top_k`` slots: one count per
-    (routing tile, bucket) and one rank per slot (the tiles of any policy's plan: at most two where
-    :func:`plan_for` splits one tile)."""
-    tiles = max(1, -(-num_tokens // tile_rows(num_experts)))
-    if num_tokens >= COVERAGE_SPLIT_ROWS:
-        tiles = max(tiles, 2)
-    return tiles * alignment_width(num_local) + num_tokens * top_k
-
-
-def token_alignment(
-    num_tokens: int,
-    top_k: int,
-    num_experts: int,
-    block_m: int,
-    num_local: int | None = None,
-    expert_offset: int = 0,
-    device: torch.device | str = "cpu",
-) -> TokenAlignment:
-    """Buffers for :func:`prune_route` to write the slots sorted by expert into (allocate them before
-    CUDA-graph capture): the outputs of :meth:`TokenAlignment.empty` and the kernels' scratch.
-
-    Parameters
-    ----------
-    num_tokens, top_k, num_experts : int
-        The call's shape: T, slots per token, E (the router's width).
-    block_m : int
-        The fused-MoE kernel's ``BLOCK_SIZE_M`` (each expert's run is padded to a multiple of it).
-    num_local : int, optional
-        Experts of this rank (default: all E); with ``expert_offset``, the rank's ids are
-        ``[expert_offset, expert_offset + num_local)`` and every other slot goes to the skipped bucket.
-    """
-    num_local = num_experts if num_local is None else num_local
-    if not 1 <= num_local <= MAX_EXPERTS:
-        raise ValueError(f"num_local must be in [1, {MAX_EXPERTS}], got {num_local}")
-    if not 1 <= block_m <= 1024:
-        raise ValueError(f"block_m must be in [1, 1024], got {block_m}")
-    out = TokenAlignment.empty(num_tokens, top_k, block_m, num_local, expert_offset, device)
-    words = alignment_scratch_size(num_tokens, top_k, num_experts, num_local)
-    return dataclasses.replace(out, scratch=torch.empty(words, dtype=torch.int32, device=device))
 
 
 class SelectionWorkspace:
@@ -621,7 +565,6 @@ def call_plan(
     has_metrics: bool = False,
     has_stats: bool = False,
     fill_dropped: bool = False,
-    align: bool = False,
 ) -> tuple[LaunchPlan, bool]:
     """The launch plan of one :func:`prune_route` call and whether static moe-spec routes alone in it
     (the routing kernel, no selection launch): :func:`plan_for`, then, for a call that routes,
@@ -642,7 +585,6 @@ def call_plan(
             has_bias,
             truncation,
             fill_dropped,
-            align,
             static_alone=static_rule,
         )
     return plan, static_rule and not plan.single
@@ -686,7 +628,6 @@ def _launch_kernels(
     metrics_row: torch.Tensor | None = None,
     metrics_gate: torch.Tensor | None = None,
     stats_out: torch.Tensor | None = None,
-    alignment: TokenAlignment | None = None,
     enable_pdl: bool = False,
 ) -> None:
     from . import _prune_route as jit  # imports triton
@@ -704,7 +645,6 @@ def _launch_kernels(
         has_metrics=has_metrics,
         has_stats=has_stats,
         fill_dropped=fill_dropped,
-        align=alignment is not None,
     )
     num_valid_tokens = call.num_valid_tokens
     nv_tensor = isinstance(num_valid_tokens, torch.Tensor)
@@ -736,7 +676,7 @@ def _launch_kernels(
     has_bias = correction_bias is not None
     group_route = (router, num_experts, has_bias, cfg.coverage == "truncation", fill_dropped)
     block_e = plan.block_experts
-    group_warps = group_warp_routing(*group_route[:2], plan, *group_route[2:], alignment is not None)
+    group_warps = group_warp_routing(*group_route[:2], plan, *group_route[2:])
     common = dict(
         HAS_NV_PTR=nv_tensor,
         HAS_WEIGHTS=has_weights,
@@ -758,7 +698,6 @@ def _launch_kernels(
             block_e,
             plan,
             cfg.policy,
-            alignment is not None,
             light_rule=is_light_rule(policy),
             group_warps=group_warps if plan.single else 0,
         ),
@@ -789,34 +728,6 @@ def _launch_kernels(
     )
     metrics = metrics_row if has_metrics else ws.mass
     gate = metrics_gate if gated else ws.placeholder_i32
-    # the routed slots sorted by expert, written by the launches that route (see _prune_route.align_finish)
-    align = alignment is not None
-    if align:
-        align_b = alignment_width(alignment.num_local)
-        tiles = max(1, -(-num_tokens // plan.route_rows))
-        ranks_at = tiles * align_b
-        scratch = alignment.scratch
-        aligned = (
-            alignment.expert_offset,
-            alignment.num_local,
-            scratch[:ranks_at],
-            scratch[ranks_at:],
-            alignment.sorted_ids,
-            alignment.expert_ids,
-            alignment.bounds,
-        )
-        align_kw = dict(ALIGN=True, ALIGN_B=align_b, BLOCK_M=alignment.block_m)
-    else:
-        aligned = (
-            0,
-            1,
-            ws.placeholder_i32,
-            ws.placeholder_i32,
-            ws.placeholder_i32,
-            ws.placeholder_i32,
-            ws.placeholder_i32,
-        )
-        align_kw = dict(ALIGN=False, ALIGN_B=2, BLOCK_M=1)
     has_range = cfg.policy != "none" and (cfg.min_tokens is not None or cfg.max_tokens is not None)
     lynx = cfg.policy == "lynx"
     # policy none above one program: the routing kernel alone, keeping every expert
@@ -855,7 +766,6 @@ def _launch_kernels(
             KEY_SHIFT=route_key_shift,
             ROW_WARPS=not group_warps and route_warps(block_e, plan) == plan.route_rows,
             GROUP_WARPS=group_warps > 0,
-            **align_kw,
             **(common | dict(num_warps=group_warps or route_warps(block_e, plan))),
         )
         # (the routing's kept and total mass in the aggregate's first two words: no selection of
@@ -873,7 +783,6 @@ def _launch_kernels(
             policy["count"],
             cfg.min_tokens if cfg.min_tokens is not None else 0,
             cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS,
-            *aligned,
         )
     if route_only:
         jit.route_kernel[route_grid](*route_inputs, ALL_KEPT=True, STATIC_KEEP=False, ROUTE_MASS=False, **route_args)
@@ -920,7 +829,6 @@ def _launch_kernels(
         gate,
         stats_out if has_stats else ws.mass,
         *routing,
-        *aligned,
         MODE=getattr(jit, policy["mode"]).value,
         NEED_SCORES=need_scores,
         SCORE_TOPK=cfg.effective_score == "topk",
@@ -947,9 +855,6 @@ def _launch_kernels(
         ROUTE_T=plan.route_rows,
         KEY_SHIFT=key_shift,
         ROUTE_KEY_SHIFT=route_key_shift,
-        ALIGN=align and plan.single,
-        ALIGN_B=align_kw["ALIGN_B"],
-        BLOCK_M=align_kw["BLOCK_M"],
         ROW_WARPS=common["num_warps"] == plan.route_rows,
         GROUP_WARPS=group_warps > 0 and plan.single,
         WARPS=common["num_warps"],
@@ -1010,17 +915,13 @@ def prune_route(
     weights_out: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
     metrics_gate: torch.Tensor | None = None,
-    alignment: TokenAlignment | None = None,
     workspace: SelectionWorkspace | None = None,
     enable_pdl: bool = False,
 ) -> PrunedRouting:
     """Keep mask and routing of one MoE layer call, on the device, in one or two launches.
 
     See :func:`xshare_sglang.policies.prune_route.prune_route` for the parameters; ``workspace`` is
-    the scratch memory (default: one shared per (device, E), created on first use).  An
-    ``alignment`` (from :func:`token_alignment`, which sizes its scratch) is written by the same
-    launches: the routing program of one tile (or the single program) counts and ranks its slots
-    per expert, and the last one places them all.
+    the scratch memory (default: one shared per (device, E), created on first use).
 
     ``enable_pdl`` launches every kernel of the call as a programmatic dependent of the kernel
     before it in the stream (Hopper and newer; a ``ValueError`` on an older GPU): each program waits
@@ -1038,8 +939,6 @@ def prune_route(
         ``topk_ids`` [T, top_k] int32, ``topk_weights`` [T, top_k] float32, ``keep`` [E] bool.
     """
     check_outputs(call, keep_out, ids_out, weights_out, metrics_row, metrics_gate)
-    if alignment is not None:
-        check_alignment(call, alignment)
     if enable_pdl:
         check_pdl(call.device)
     outputs = dict(
@@ -1048,10 +947,7 @@ def prune_route(
     reason = unsupported_reason(call, cfg)
     if reason is not None:
         _report(reason)
-        routed = route_checked(call, cfg, fill_dropped=fill_dropped, **outputs)
-        if alignment is not None:
-            write_alignment(routed.topk_ids, alignment)
-        return routed
+        return route_checked(call, cfg, fill_dropped=fill_dropped, **outputs)
     call.check_config(cfg)
     num_tokens, num_experts = call.logits.shape
     device = call.device
@@ -1073,7 +969,6 @@ def prune_route(
         metrics_row=metrics_row,
         metrics_gate=metrics_gate,
         workspace=workspace,
-        alignment=alignment,
         # not under the interpreter, which runs no PTX (read from the environment itself: the
         # compile-only capture of bench.kernel_compile stands in for _interpreting())
         enable_pdl=enable_pdl and os.environ.get("TRITON_INTERPRET") != "1",
@@ -1105,21 +1000,6 @@ def dependent_launch_supported(device: torch.device) -> bool:
 @functools.cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
-
-
-def check_alignment(call: RoutingCall, alignment: TokenAlignment) -> None:
-    """Raise ``ValueError`` unless ``alignment``'s buffers and scratch fit the call."""
-    num_tokens, num_experts = call.logits.shape
-    alignment.check(num_tokens * call.top_k, call.device)
-    if not 1 <= alignment.num_local <= MAX_EXPERTS or not 1 <= alignment.block_m <= 1024:
-        raise ValueError(f"alignment: num_local in [1, {MAX_EXPERTS}] and block_m in [1, 1024] (kernel limits)")
-    words = alignment_scratch_size(num_tokens, call.top_k, num_experts, alignment.num_local)
-    scratch = alignment.scratch
-    if scratch is None or scratch.dtype != torch.int32 or scratch.numel() < words or scratch.device != call.device:
-        raise ValueError(
-            f"alignment.scratch must be an int32 tensor of at least {words} words on {call.device} "
-            "(build the alignment with xshare_sglang.kernels.token_alignment)"
-        )
 
 
 def select_keep_mask(

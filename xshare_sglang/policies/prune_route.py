@@ -26,7 +26,6 @@ from .call import RoutingCall
 from .rewrite import METRIC_COLUMNS, add_metrics, call_metrics, filler_ids
 from .routing import route_logits
 from .scores import sanitize_logits, sanitize_token_weights, valid_token_mask
-from .token_alignment import TokenAlignment, write_alignment
 
 __all__ = ["METRIC_COLUMNS", "PrunedRouting", "check_outputs", "prune_route", "route_checked"]
 
@@ -89,7 +88,6 @@ def prune_route(
     weights_out: torch.Tensor | None = None,
     metrics_row: torch.Tensor | None = None,
     metrics_gate: torch.Tensor | None = None,
-    alignment: TokenAlignment | None = None,
     workspace: object | None = None,
 ) -> PrunedRouting:
     """Keep mask and routing of one MoE layer call.
@@ -113,10 +111,6 @@ def prune_route(
         (read on the device, so a CUDA graph replays the call with whatever it holds then).  The
         kernels then skip the metrics' work too: the scores computed only for the retained mass, the
         activated-expert count.  None: every call adds them.
-    alignment : TokenAlignment, optional
-        Also receives the routed slots sorted by expert, the layout a fused-MoE kernel reads
-        (:mod:`~xshare_sglang.policies.token_alignment`); the kernels write it in the launches
-        that route, so the layer needs no alignment kernel of its own.
     workspace : optional
         Ignored (the kernels' scratch memory); accepted so both paths share one signature.
 
@@ -126,7 +120,7 @@ def prune_route(
     """
     del workspace
     check_outputs(call, keep_out, ids_out, weights_out, metrics_row, metrics_gate)
-    routed = route_checked(
+    return route_checked(
         call,
         cfg,
         fill_dropped=fill_dropped,
@@ -136,9 +130,6 @@ def prune_route(
         metrics_row=metrics_row,
         metrics_gate=metrics_gate,
     )
-    if alignment is not None:
-        write_alignment(routed.topk_ids, alignment)
-    return routed
 
 
 def route_checked(

@@ -1,6 +1,6 @@
 """Triton kernels that align routed token slots by expert, the layout SGLang's fused-MoE kernel reads
 (its ``moe_align_block_size``): slots sorted by local expert, each expert's run padded to a multiple
-of the kernel's block.  Only the benchmarks use them (:mod:`xshare_sglang.bench.moe_align` launches
+of the kernel's block.  The MoE-layer benchmark uses them (:mod:`xshare_sglang.bench.moe_align` launches
 them and holds their torch reference).
 """
 

@@ -60,6 +60,7 @@ def _logits(num_tokens: int, num_experts: int, seed: int, device: str) -> torch.
 def test_kernel_routing_stays_in_the_mask(device, shape, num_tokens) -> None:
     num_experts, top_k = SHAPES[shape]
     runtime, config, state = _runtime(num_experts, top_k, device)
+    state.stats = torch.zeros(2, dtype=torch.int64, device=device)  # the test hook: the score totals
     logits = _logits(num_tokens, num_experts, seed=num_tokens, device=device)
     num_valid = torch.tensor([max(1, num_tokens - 2)], dtype=torch.int32, device=device)
     masked, sparse = _pruned_routing(runtime, config, logits, num_valid, top_k)

@@ -712,6 +712,7 @@ def test_llama4_routing_function_stays_in_the_mask() -> None:
     pruner = PrunerConfig(policy="xshare", k0=0, budget=3, score="probs")
     runtime = _publish([config], pruner)
     state = runtime.layers[id(config)]
+    state.stats = torch.zeros(2, dtype=torch.int64)  # the test hook: the select-only call's score totals
     assert state.scoring == "sigmoid"
     logits = _logits(11)
     ids, weights = sglang_select_experts(config, logits)

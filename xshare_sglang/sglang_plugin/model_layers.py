@@ -298,7 +298,6 @@ def make_layer_state(topk_config: Any, *, layer_id: int, row: int, num_experts: 
         top_k=topk_config.top_k - topk_config.num_shared_topk_slots,
         scoring=routing_scoring(topk_config),
         keep=torch.ones(num_experts, dtype=torch.bool, device=device),
-        stats=torch.zeros(2, dtype=torch.int64, device=device),
         router=router,
     )
 

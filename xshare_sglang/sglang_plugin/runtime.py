@@ -100,11 +100,13 @@ class LayerState:
     top_k: int
     scoring: str
     keep: torch.Tensor
-    stats: torch.Tensor
     expert_to_rank: torch.Tensor | None = None
     masked_bias: torch.Tensor | None = None
     fill_dropped: bool = False  # the layer's MoE backend cannot take -1: dropped slots get weight-0 ids
     router: RouterSpec | None = None  # the fused kernels replace this layer's router (None: masked path)
+    #: A test hook: an int64 [2] tensor here receives the score totals (kept, all) of each select-only
+    #: call.  None when serving, so the selection does no work for them.
+    stats: torch.Tensor | None = None
 
     @cached_property
     def selection_router(self) -> RouterSpec:
@@ -407,8 +409,8 @@ class PrunerRuntime:
             self.add_activated(layer, activated_experts(topk_ids, num_ids))
 
     def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
-        """The call's keep mask into ``layer.keep`` and its score totals into ``layer.stats`` (select-only
-        launch; raises on a fault, which the caller counts).  The selection kernel also adds the call's
+        """The call's keep mask into ``layer.keep`` (and, where a test set ``layer.stats``, its score
+        totals there) in the select-only launch; raises on a fault, which the caller counts.  The selection kernel also adds the call's
         kept experts, retained mass and call count to the layer's metrics row; whoever routes the call
         adds its activated experts (:meth:`rewrite`, :meth:`count_kernel_routing`)."""
         layer = call.layer

@@ -73,7 +73,8 @@ from xshare_sglang.bench.moe_layer import (
     resolve_backends,
 )
 from xshare_sglang.kernels import SelectionWorkspace, prune_route
-from xshare_sglang.kernels.prune_route import call_plan
+from xshare_sglang.kernels.launch import Outputs, call_spec
+from xshare_sglang.kernels.plan import plan_call
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
 
@@ -397,9 +398,10 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
             "pdl_equal": pdl_equal(sel, cfg),
         }
     tokens = sel.case.tokens
-    plan, static_alone = call_plan(sel.calls[0], cfg, has_metrics=sel.metrics_row(cfg) is not None)
+    outputs = Outputs(sel.keep, sel.ids, sel.weights, sel.metrics_row(cfg), sel.metrics_gate(cfg))
+    plan = plan_call(cfg, call_spec(sel.calls[0], route=True, fill_dropped=False, outputs=outputs, pdl=False))
     if args.pdl:
-        multi = not plan.single and cfg.policy != "none"
+        multi = not plan.split.single and cfg.policy != "none"
         pdl["reset_pdl_us"] = (
             round(time_graph(lambda i: sel.select(cfg, i, pdl=True, reset=True), args.calls, args.replays), 2)
             if multi
@@ -412,7 +414,7 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         and check["weights_close"]
         and check["metrics_equal"]
         and check["eager_alloc_bytes"] == 0
-        and tuple(kernels) == plan.kernels(cfg.policy, static_alone)
+        and tuple(kernels) == plan.kernels
         and pdl.get("pdl_equal", True)
     )
     return {
@@ -461,10 +463,7 @@ def md_table(rows: list[dict], meta: dict) -> str:
         f"calls over {meta['rotate']} rotated inputs. sel = prune_route {meta['metrics']}; "
         f"top-k = {meta['topk_source']}; none = prune_route with policy none, no metrics (a one-launch fused "
         "top-k); layer = prune_route + fused MoE; share = sel / layer (goal <= 3% for T <= 256, then 1%).",
-        f"Calibrated rankings' picks: {meta['picks']}; warps of a one-program call of up to 4 rows on <= 128 "
-        "experts (oea, static and co-activation moe-spec, a top-count that fits): "
-        f"{meta['one_program_warps']}; rows of biased groups of 32 experts: "
-        f"{meta.get('group_warps', 'a warp per row')}; retained mass of oea, static moe-spec and LYNX above one "
+        "Retained mass of oea, static moe-spec and LYNX above one "
         f"program: {meta.get('retained_mass', 'summed by the selection')}.",
         "",
         "| model | T | D | policy | kept | launches | kernels | sel us | none us | top-k us | layer us | share | "
@@ -515,47 +514,18 @@ def main() -> int:
         "without it, no gate",
     )
     parser.add_argument(
-        "--block-picks",
-        action="store_true",
-        help="run the calibrated rankings' greedy picks block-wide instead of in every warp "
-        "(kernels.prune_route.WARP_PICKS_MAX_EXPERTS = 0): the other side of their A/B",
-    )
-    parser.add_argument(
-        "--tile-warps",
-        action="store_true",
-        help="run one-program calls of up to 4 rows on at most 128 experts (oea, the static and co-activation "
-        "rankings, and a top-count that T x top_k fits, as the coverage ranking's one row) on a tile's four warps "
-        "instead of one warp per row "
-        "(kernels.prune_route.ONE_PROGRAM_ROW_WARPS = False): the other side of its A/B",
-    )
-    parser.add_argument(
-        "--no-group-warps",
-        action="store_true",
-        help="route rows of biased groups of 32 experts (DeepSeek-V3 at T=1, none and static moe-spec of 2 to 8 rows, "
-        "and the routing kernel up to 256 rows) as before: one warp per row for none, the tile's eight warps for a "
-        "rule's rows, "
-        "tiles of 8 rows on a warp each in the routing kernel, instead of a warp per group "
-        "(kernels.prune_route.GROUP_WARP_ROUTING = False): the other side of its A/B",
-    )
-    parser.add_argument(
         "--select-mass",
         action="store_true",
         help="sum the retained-mass metric of oea, static moe-spec and LYNX above one program in the selection "
         "(scores of every row, E aggregates) instead of in the routing kernel "
-        "(kernels.prune_route.ROUTING_SUMS_MASS = False): the other side of its A/B",
+        "(kernels.plan.ROUTING_SUMS_MASS = False): the other side of its A/B",
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
     if args.metrics_gate and args.no_metrics:
         parser.error("--metrics-gate gates the metrics row, which --no-metrics leaves out: choose one")
-    if args.block_picks:
-        importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
-    if args.tile_warps:
-        importlib.import_module("xshare_sglang.kernels.prune_route").ONE_PROGRAM_ROW_WARPS = False
-    if args.no_group_warps:
-        importlib.import_module("xshare_sglang.kernels.prune_route").GROUP_WARP_ROUTING = False
     if args.select_mass:
-        importlib.import_module("xshare_sglang.kernels.prune_route").ROUTING_SUMS_MASS = False
+        importlib.import_module("xshare_sglang.kernels.plan").ROUTING_SUMS_MASS = False
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     models = {**MODEL_ROUTERS, **SMOKE_ROUTERS}
@@ -624,11 +594,6 @@ def main() -> int:
         if args.no_metrics
         else "with the serving plugin's metrics row"
         + (f", its gate {args.metrics_gate} (--metrics-gate)" if args.metrics_gate else ""),
-        "picks": "block-wide (--block-picks)" if args.block_picks else "calibrated rankings' picks in every warp",
-        "one_program_warps": "a tile's four (--tile-warps)" if args.tile_warps else "one per row",
-        "group_warps": "off (--no-group-warps)"
-        if args.no_group_warps
-        else "a warp per expert group (one-row calls; routing kernel to 256 rows)",
         "retained_mass": "summed by the selection (--select-mass)"
         if args.select_mass
         else "summed by the routing kernel for rules without scores",

@@ -10,23 +10,11 @@
 #   2b. pdl       scripts/bench_selection.py --pdl on a subset: the same calls launched as programmatic
 #                 dependents, timed and checked bit for bit in CUDA graphs, and timed behind the former
 #                 counter reset launch (its table goes to gpu_check.log)
-#   2c. picks     scripts/bench_selection.py --block-picks for the two calibrated rankings: their greedy
-#                 picks block-wide, the other side of the A/B whose first side (the picks in every warp)
-#                 the selection stage times (its table goes to gpu_check.log)
-#   2d. warps     scripts/bench_selection.py --tile-warps at T=1 and 2 on the E=128 routers: one-program
-#                 calls of oea, the static, co-activation and coverage moe-spec on a tile's four warps, the other side
-#                 of the A/B whose first side (one warp per row) the selection stage times (its table
-#                 goes to gpu_check.log)
-#   2e. groups    scripts/bench_selection.py --no-group-warps at T=1, 8, 32 and 256 on DeepSeek-V3's
-#                 router: rows routed as before (one warp per row in a one-program none, the tile's
-#                 eight warps in a one-row rule, tiles of 8 rows on a warp each in the routing kernel),
-#                 the other side of the A/B whose first side (a warp per expert group) the selection
-#                 stage times (its table goes to gpu_check.log)
-#   2f. mass      scripts/bench_selection.py --select-mass at T=32 and 512 on the three routers: the
+#   2c. mass      scripts/bench_selection.py --select-mass at T=32 and 512 on the three routers: the
 #                 retained-mass metric of oea, static moe-spec and LYNX summed by the selection (every
 #                 row's scores, E aggregates), the other side of the A/B whose first side (the routing
 #                 kernel's sums) the selection stage times (its table goes to gpu_check.log)
-#   2g. gate      scripts/bench_selection.py --metrics-gate closed at T=1, 8, 32 and 512 on the three
+#   2d. gate      scripts/bench_selection.py --metrics-gate closed at T=1, 8, 32 and 512 on the three
 #                 routers: the calls of a forward that --moe-pruner-metrics-every does not sample (the
 #                 row passed with a device gate of 0), against the selection stage's calls, which add
 #                 their metrics on every call (its table goes to gpu_check.log)
@@ -55,7 +43,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 sha=unknown
-only=tests,selection,pdl,picks,warps,groups,mass,gate,moe_layer,kernel_routing,guard
+only=tests,selection,pdl,mass,gate,moe_layer,kernel_routing,guard
 budget=520
 boxes=
 workers=14
@@ -87,7 +75,7 @@ sgl_args=()
 
 say() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$log"; }
 wanted() { [[ ",$only," == *",$1,"* ]]; }
-stages=" tests selection pdl picks warps groups mass gate moe_layer kernel_routing guard "
+stages=" tests selection pdl mass gate moe_layer kernel_routing guard "
 for entry in ${boxes//,/ }; do
     name=${entry%%=*} percent=${entry#*=}
     if [[ "$stages" != *" $name "* || ! "$percent" =~ ^[0-9]+$ || "$percent" -gt 100 ]]; then
@@ -161,38 +149,8 @@ if wanted pdl; then
         --out-dir "$work/pdl" "${sgl_args[@]}"
     [ -f "$work/pdl/selection.md" ] && cat "$work/pdl/selection.md" >>"$log"
 fi
-if wanted picks; then
-    # T=512 runs the same pick chain as T=32 (one more tile per program only); the E=128 routers only:
-    # above 128 experts both sides are block-wide (prune_route.WARP_PICKS_MAX_EXPERTS)
-    seconds=$(box picks 5)
-    stage picks "$seconds" python3 scripts/bench_selection.py --block-picks --tokens 1,8,32 \
-        --models qwen3-30b-a3b,gpt-oss-120b --policies moe-spec-coact,moe-spec-coverage \
-        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
-        --out-dir "$work/picks" "${sgl_args[@]}"
-    [ -f "$work/picks/selection.md" ] && cat "$work/picks/selection.md" >>"$log"
-fi
-if wanted warps; then
-    # the T where it matters: 1 and 2 for the rules concerned (the coverage ranking's one row is the
-    # router ranking's top-count, light at T=1; at T=4 four warps either way; above 128 experts a tile
-    # has eight warps already)
-    seconds=$(box warps 5)
-    stage warps "$seconds" python3 scripts/bench_selection.py --tile-warps --tokens 1,2 \
-        --models qwen3-30b-a3b,gpt-oss-120b --policies oea,moe-spec-static,moe-spec-coact,moe-spec-coverage \
-        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
-        --out-dir "$work/warps" "${sgl_args[@]}"
-    [ -f "$work/warps/selection.md" ] && cat "$work/warps/selection.md" >>"$log"
-fi
-if wanted groups; then
-    # GROUP_WARP_ROUTING: one-row calls and the routing kernel; none is timed too, as every row's baseline
-    seconds=$(box groups 5)
-    stage groups "$seconds" python3 scripts/bench_selection.py --no-group-warps --tokens 1,8,32,256 \
-        --models deepseek-v3 --policies oea,moe-spec-static,xshare,moe-spec,lynx,xshare-spec \
-        --max-minutes "$(python3 -c "print(max(0.2, ($seconds - 30) / 60))")" --git-sha "$sha" \
-        --out-dir "$work/groups" "${sgl_args[@]}"
-    [ -f "$work/groups/selection.md" ] && cat "$work/groups/selection.md" >>"$log"
-fi
 if wanted mass; then
-    # ROUTING_SUMS_MASS: only above one program, where the routing kernel runs
+    # plan.ROUTING_SUMS_MASS: only above one program, where the routing kernel runs
     seconds=$(box mass 5)
     stage mass "$seconds" python3 scripts/bench_selection.py --select-mass --tokens 32,512 \
         --models qwen3-30b-a3b,gpt-oss-120b,deepseek-v3 --policies oea,moe-spec-static,lynx \

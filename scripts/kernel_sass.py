@@ -46,6 +46,7 @@ import torch
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.common import git_sha
 from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, kernel_sass, loop_bodies, sass_stats
+from xshare_sglang.kernels.plan import Mode
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -113,9 +114,8 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     per_program, per_request, chunk = named["rows_per_program"], named["rows_per_request"], named["CHUNK_T"]
     tiles_per_request = -(-per_request // chunk)
     tiles = per_program // per_request * tiles_per_request if named["PER_REQUEST"] else -(-per_program // chunk)
-    jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["MODE_ALL"])
     mode = named["MODE"]
-    reads_rows = mode not in (jit.MODE_ALL.value, jit.MODE_STATIC.value) or named["NEED_SCORES"]
+    reads_rows = mode not in (Mode.ALL, Mode.STATIC) or named["NEED_SCORES"]
     ranks = max(named["top_k"], named["k0"]) if named["NEED_SCORES"] and named["SCORE_TOPK"] else named["k0"]
     block_e = named["BLOCK_E"]
     pairwise = f"one {block_e}x{block_e} order"  # no loop: every pair in registers at once
@@ -128,13 +128,13 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     else:
         greedy = pairwise
     rules = {
-        jit.MODE_GREEDY_WARM.value: greedy,
-        jit.MODE_GREEDY_BASE.value: greedy,
-        jit.MODE_THRESHOLD.value: f"one sort of {block_e} + scan",
-        jit.MODE_RANK_ROUNDS.value: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps unless the candidates fit",
-        jit.MODE_TOP_AGG.value: pairwise,
-        jit.MODE_COACT.value: f"{greedy_picks(named, num_tokens, top_k, named['count'])}, 1 row each",
-        jit.MODE_COVERAGE.value: coverage_trips(named, num_tokens, top_k),
+        Mode.GREEDY_WARM: greedy,
+        Mode.GREEDY_BASE: greedy,
+        Mode.THRESHOLD: f"one sort of {block_e} + scan",
+        Mode.RANK_ROUNDS: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps unless the candidates fit",
+        Mode.TOP_AGG: pairwise,
+        Mode.COACT: f"{greedy_picks(named, num_tokens, top_k, named['count'])}, 1 row each",
+        Mode.COVERAGE: coverage_trips(named, num_tokens, top_k),
     }
     rule = rules.get(mode, "-")
     if named["LYNX"]:
@@ -169,26 +169,6 @@ def main() -> int:
         help="add a column: each loop body's instructions/BAR/SHFL/global loads (one trip, in branch order)",
     )
     parser.add_argument(
-        "--block-picks",
-        action="store_true",
-        help="compile the calibrated rankings' greedy picks block-wide (WARP_PICKS_MAX_EXPERTS = 0), the "
-        "other side of their A/B",
-    )
-    parser.add_argument(
-        "--tile-warps",
-        action="store_true",
-        help="compile one-program calls of up to 4 rows on at most 128 experts (oea, the static and "
-        "co-activation rankings, and a top-count that T x top_k fits, as the coverage ranking's one row) on a "
-        "tile's four warps (ONE_PROGRAM_ROW_WARPS = False) instead of one warp per row, the other side of its A/B",
-    )
-    parser.add_argument(
-        "--no-group-warps",
-        action="store_true",
-        help="compile rows of biased groups of 32 experts (one-row calls, the routing kernel to 256 rows) "
-        "without a warp per group "
-        "(GROUP_WARP_ROUTING = False), the other side of its A/B",
-    )
-    parser.add_argument(
         "--select-mass",
         action="store_true",
         help="compile the retained-mass metric of oea, static moe-spec and LYNX above one program in the "
@@ -208,15 +188,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.metrics_gate and args.no_metrics:
         parser.error("--metrics-gate gates the metrics row, which --no-metrics leaves out: choose one")
-    jit = __import__("xshare_sglang.kernels._prune_route", fromlist=["select_kernel"])
-    if args.block_picks:
-        importlib.import_module("xshare_sglang.kernels.prune_route").WARP_PICKS_MAX_EXPERTS = 0
-    if args.tile_warps:
-        importlib.import_module("xshare_sglang.kernels.prune_route").ONE_PROGRAM_ROW_WARPS = False
-    if args.no_group_warps:
-        importlib.import_module("xshare_sglang.kernels.prune_route").GROUP_WARP_ROUTING = False
+    jit = importlib.import_module("xshare_sglang.kernels.launch").kernel_module()
     if args.select_mass:
-        importlib.import_module("xshare_sglang.kernels.prune_route").ROUTING_SUMS_MASS = False
+        importlib.import_module("xshare_sglang.kernels.plan").ROUTING_SUMS_MASS = False
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",

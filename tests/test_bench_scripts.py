@@ -106,14 +106,12 @@ def test_bench_selection_with_a_closed_metrics_gate(tmp_path) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
-def test_bench_selection_with_block_picks(tmp_path) -> None:
-    """--block-picks (gpu_check's picks stage) runs the calibrated rankings' greedy picks block-wide, and
-    --tile-warps (its warps stage) one-program calls on a tile's four warps instead of a warp per row,
-    --select-mass (its mass stage) oea's retained mass in the selection: every call still equals the
-    reference, and the report says which sides it timed."""
+def test_bench_selection_with_the_selections_retained_mass(tmp_path) -> None:
+    """--select-mass (gpu_check's mass stage) sums oea's retained mass in the selection, the other side
+    of the one open switch: every call still equals the reference, and the report says which side it
+    timed."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--block-picks", "--tile-warps"]
-    command += ["--no-group-warps", "--select-mass"]
+    command = [sys.executable, str(ROOT / "scripts" / "bench_selection.py"), "--smoke", "--select-mass"]
     command += ["--models", "tiny", "--policies", "moe-spec-coact,moe-spec-coverage,oea", "--out-dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -122,15 +120,8 @@ def test_bench_selection_with_block_picks(tmp_path) -> None:
         (t, p) for t in (1, 40) for p in ("moe-spec-coact", "moe-spec-coverage", "oea")
     ]
     assert all(r["checks_ok"] for r in report["rows"]), report["rows"]
-    assert report["meta"]["picks"] == "block-wide (--block-picks)"
-    assert report["meta"]["one_program_warps"] == "a tile's four (--tile-warps)"
-    assert report["meta"]["group_warps"] == "off (--no-group-warps)"
     assert report["meta"]["retained_mass"] == "summed by the selection (--select-mass)"
     assert "LYNX above one program: summed by the selection (--select-mass)." in (tmp_path / "selection.md").read_text()
-    assert (
-        "warps of a one-program call of up to 4 rows on <= 128 experts (oea, static and co-activation "
-        "moe-spec, a top-count that fits): a tile's four" in (tmp_path / "selection.md").read_text()
-    )
 
 
 def _kernel_sass_rows(model: str, tokens: str, policies: str, *flags: str) -> dict[tuple[str, str, str], list[str]]:
@@ -149,40 +140,37 @@ def _loop_bodies(cells: list[str]) -> list[tuple[int, ...]]:
     return [tuple(int(n) for n in body.split("/")) for body in cells[-2].split()]
 
 
-def test_kernel_sass_block_picks_compiles_the_other_side() -> None:
-    """kernel_sass.py --block-picks compiles the calibrated rankings' picks block-wide: the pick loop of
-    the co-activation ranking has no barrier and no shuffle by default (every warp picks on its own
-    copy), under whichever Triton is installed (CI: SGLang's 3.8), and has both with the flag."""
+def test_kernel_sass_picks_in_every_warp_up_to_128_experts() -> None:
+    """The co-activation ranking's pick loop has no barrier and no shuffle on 128 experts (every warp
+    picks on its own copy of the gains), under whichever Triton is installed (CI: SGLang's 3.8), and
+    has both on DeepSeek-V3's 256, where the picks are block-wide (plan.WARP_PICKS_MAX_EXPERTS)."""
     pick_loops = {}
-    for flag in ([], ["--block-picks"]):
-        rows = _kernel_sass_rows("qwen3-30b-a3b", "32", "moe-spec-coact", *flag)
+    for model in ("qwen3-30b-a3b", "deepseek-v3"):
+        rows = _kernel_sass_rows(model, "32", "moe-spec-coact")
         bodies = _loop_bodies(rows["32", "moe-spec-coact", "select"])
         # the pick loop: the shortest loop that loads (the row tiles' loops hold about 1000 instructions;
         # Triton 3.8 also reports loops around the pick loop, longer still)
-        pick_loops[bool(flag)] = min((body for body in bodies if body[3] >= 1), key=lambda body: body[0])
-    instructions, barriers, shuffles, loads = pick_loops[False]
+        pick_loops[model] = min((body for body in bodies if body[3] >= 1), key=lambda body: body[0])
+    instructions, barriers, shuffles, loads = pick_loops["qwen3-30b-a3b"]
     # each warp loads both halves of the picked row
     assert (barriers, shuffles, loads) == (0, 0, 2) and instructions > 50, pick_loops
-    instructions, barriers, shuffles, loads = pick_loops[True]
+    instructions, barriers, shuffles, loads = pick_loops["deepseek-v3"]
     assert barriers >= 1 and shuffles >= 1 and loads == 1, pick_loops
 
 
 def test_kernel_sass_group_warps_route_rows_without_a_barrier_per_pick() -> None:
     """kernel_sass.py on DeepSeek-V3's router, policy ``none``: at T=1 (one program) and T=32 (the
     routing kernel, a program per row) each row routes on a warp per expert group (eight), and no loop
-    of the kernel (the groups' picks, the row's picks among them) holds a barrier or a shuffle; with
-    --no-group-warps a one-row call takes one warp and the routing kernel tiles of 8 rows, as before."""
-    cells = {}
-    for flag in ([], ["--no-group-warps"]):
-        rows = _kernel_sass_rows("deepseek-v3", "1,32", "none", *flag)
-        cells[bool(flag), "1"], cells[bool(flag), "32"] = rows["1", "none", "select"], rows["32", "none", "route"]
+    of the kernel (the groups' picks, the row's picks among them) holds a barrier or a shuffle; at
+    T=512, above 256 rows, the routing kernel takes tiles of 8 rows on a warp each."""
+    rows = _kernel_sass_rows("deepseek-v3", "1,32,512", "none")
+    cells = {"1": rows["1", "none", "select"], "32": rows["32", "none", "route"], "512": rows["512", "none", "route"]}
     for tokens in ("1", "32"):
-        row = cells[False, tokens]
+        row = cells[tokens]
         loops = _loop_bodies(row)
         assert row[-3] == "8" and len(loops) >= 2, row
         assert all(barriers == 0 and shuffles == 0 for _, barriers, shuffles, _ in loops), row
-    assert cells[False, "32"][5] == "32" and cells[True, "32"][5] == "4", cells  # programs: a row each, 8-row tiles
-    assert cells[True, "1"][-3] == "1", cells
+    assert cells["32"][5] == "32" and cells["512"][5] == "64", cells  # programs: a row each, 8-row tiles
 
 
 def test_bench_selection_topk_is_sglangs() -> None:

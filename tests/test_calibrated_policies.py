@@ -345,7 +345,7 @@ def _selection_launches(warp_picks: bool, monkeypatch):
     from xshare_sglang.kernels import _prune_route as jit
 
     if not warp_picks:
-        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
+        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.plan"), "WARP_PICKS_MAX_EXPERTS", 0)
     launches = []
     original_run = type(jit.select_kernel).run
 
@@ -470,7 +470,7 @@ def test_coactivation_keys_at_the_largest_batch(tmp_path, num_tokens: int) -> No
     is close to 1 on every row, so its aggregate is close to the bound (T * 2**24 = 2**36), and ties
     come from integer logits.  Above 4096 tokens the picks take the gain and its index apart.  Both
     equal the reference."""
-    from xshare_sglang.kernels.prune_route import MAX_KEYED_COACT_TOKENS
+    from xshare_sglang.kernels.plan import MAX_KEYED_COACT_TOKENS
 
     assert MAX_KEYED_COACT_TOKENS == 4096
     num_experts = 128

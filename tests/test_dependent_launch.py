@@ -32,7 +32,7 @@ NUM_TOKENS, NUM_EXPERTS, TOP_K = 12, 64, 8
 )
 def test_dependent_launch_supported(monkeypatch, device, capability, interpreting, expected) -> None:
     """Hopper and newer GPUs with compiled kernels; never CPU tensors or the interpreter."""
-    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    wrapper = importlib.import_module("xshare_sglang.kernels.launch")
     monkeypatch.setattr(wrapper, "_capability", lambda device: capability)
     if interpreting:
         monkeypatch.setenv("TRITON_INTERPRET", "1")

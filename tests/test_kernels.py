@@ -30,7 +30,7 @@ from xshare_sglang.kernels import (
     select_keep_mask,
 )
 from xshare_sglang.kernels import _prune_route as jit
-from xshare_sglang.kernels.prune_route import COVERAGE_SPLIT_ROWS, MAX_TILE_ROWS, TILE_ELEMENTS
+from xshare_sglang.kernels.plan import COVERAGE_SPLIT_ROWS, MAX_TILE_ROWS, TILE_ELEMENTS
 from xshare_sglang.policies.api import select
 from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
@@ -303,10 +303,10 @@ def test_kernel_edge_cases(logits, cfg, top_k, expected) -> None:
 
 
 def test_fallback_is_logged_once_and_correct(caplog) -> None:
-    importlib.import_module("xshare_sglang.kernels.prune_route")._reported.clear()
+    importlib.import_module("xshare_sglang.kernels.launch")._reported.clear()
     cfg = PrunerConfig(policy="xshare", k0=1, budget=3)
     logits = make_logits(6, 600, "normal", seed=2)  # E > 512: outside the kernels
-    with caplog.at_level(logging.WARNING, logger="xshare_sglang.kernels.prune_route"):
+    with caplog.at_level(logging.WARNING, logger="xshare_sglang.kernels.launch"):
         first = select_keep_mask(routing_call(logits, 4, device=DEVICE), cfg)
         second = prune_route(routing_call(logits, 4, device=DEVICE), cfg)
     messages = [r.getMessage() for r in caplog.records if "torch reference" in r.getMessage()]
@@ -447,22 +447,18 @@ GROUP_WARP_ROUTERS = {
 
 @pytest.mark.fused_selection
 @pytest.mark.parametrize(
-    ("shape", "num_tokens", "group_warps"),
-    [(shape, 1, True) for shape in GROUP_WARP_ROUTERS]
-    + [("deepseek-v3", 1, False), ("deepseek-v3", 17, False)]
-    + [(shape, num_tokens, True) for shape in ("deepseek-v3", "2x32-top1") for num_tokens in (9, 17)]
-    + [("deepseek-v3", 5, True), ("4x32", 2, True)],  # none and static moe-spec of 2-8 rows: the routing kernel
-    ids=lambda value: {True: "warp_per_group", False: "off"}.get(value, value) if isinstance(value, bool) else None,
+    ("shape", "num_tokens"),
+    [(shape, 1) for shape in GROUP_WARP_ROUTERS]
+    + [(shape, num_tokens) for shape in ("deepseek-v3", "2x32-top1") for num_tokens in (9, 17)]
+    + [("deepseek-v3", 5), ("4x32", 2)],  # none and static moe-spec of 2-8 rows: the routing kernel
 )
-def test_biased_groups_route_like_the_reference_on_a_warp_per_group(
-    shape, num_tokens, group_warps, monkeypatch, tmp_path
-):
-    """``GROUP_WARP_ROUTING``: a row of biased routing in groups of 32 experts routes with a warp per
-    group (each group's picks in its warp, the row's among them in every warp), in a one-row call and
-    in the routing kernel above one program (a program per row), on both sides of the A/B: keep, ids,
-    weights and metrics (the activated experts counted over every program) equal the reference's,
-    with ties, non-finite logits, fewer candidates than top_k, padding and rows of vote weight 0."""
-    monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "GROUP_WARP_ROUTING", group_warps)
+def test_biased_groups_route_like_the_reference_on_a_warp_per_group(shape, num_tokens, tmp_path):
+    """A row of biased routing in groups of 32 experts routes with a warp per group (each group's
+    picks in its warp, the row's among them in every warp), in a one-row call and in the routing
+    kernel above one program (a program per row), while the other rules' rows of a one-program call
+    route on the tile's warps: keep, ids, weights and metrics (the activated experts counted over
+    every program) equal the reference's, with ties, non-finite logits, fewer candidates than top_k,
+    padding and rows of vote weight 0."""
     num_experts, router = GROUP_WARP_ROUTERS[shape]
     bias = torch.randn(num_experts, generator=torch.Generator().manual_seed(num_experts)) * 0.5
     configs = [
@@ -500,9 +496,9 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     """Which launches route with a warp per group (``group_warp_routing``): a one-row call of biased
     groups of 32 experts, whatever the policy, the routing kernel above one program up to 256 rows
     (a program per row), and 2 to 8 rows of ``none`` and static moe-spec; not a one-program call of
-    several rows of another rule, truncation, filled slots, groups of another
-    size, or with the switch off (``bench_selection.py --no-group-warps``)."""
-    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    several rows of another rule, truncation, filled slots, groups of another size, another top-k
+    or no bias."""
+    plan_module = importlib.import_module("xshare_sglang.kernels.plan")
     oea = PrunerConfig(policy="oea", k0=1)
     assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 8}
     assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
@@ -515,7 +511,7 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert _launch_grids(2, 256, static) == {"route_kernel": ((2,), 8, True)}
     assert _launch_grids(8, 256, static) == {"route_kernel": ((8,), 8, True)}
     with monkeypatch.context() as patch:
-        patch.setattr(wrapper, "ROUTING_SUMS_MASS", False)  # the metrics row's mass from the selection
+        patch.setattr(plan_module, "ROUTING_SUMS_MASS", False)  # the metrics row's mass from the selection
         assert _launch_grids(8, 256, static) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(8, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(7, 256, oea) == {"select_kernel": ((1,), 8, False)}
@@ -532,17 +528,17 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     assert _launch_warps(1, 256, PrunerConfig(), fill_dropped=True) == {"select_kernel": 1}
     assert _launch_grids(1, 128, PrunerConfig()) == {"select_kernel": ((1,), 1, False)}  # 8 groups of 16
     assert _launch_grids(40, 128, PrunerConfig()) == {"route_kernel": ((5,), 8, False)}
-    plan = wrapper.plan_for(PrunerConfig(), 1, 256, 1)
-    assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 8
-    assert wrapper.group_warp_routing(RouterSpec(16, "sigmoid", True, 8, 4, 2.5), 256, plan, True, False, False) == 0
-    assert wrapper.group_warp_routing(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), 256, plan, False, False, False) == 0
+    split = plan_module.plan_for(PrunerConfig(), 1, 256, 1)
+
+    def group_warps(router: RouterSpec, bias: bool = True) -> int:
+        spec = plan_module.CallSpec(1, 256, router, has_bias=bias)
+        return plan_module.group_warp_routing(spec, PrunerConfig(), split)
+
+    assert group_warps(RouterSpec(8, "sigmoid", True, 8, 4, 2.5)) == 8
+    assert group_warps(RouterSpec(16, "sigmoid", True, 8, 4, 2.5)) == 0
+    assert group_warps(RouterSpec(8, "sigmoid", True, 8, 4, 2.5), bias=False) == 0
     # ...not with filled slots: one program, a warp per row
     assert _launch_grids(4, 256, PrunerConfig(), fill_dropped=True) == {"select_kernel": ((1,), 4, False)}
-    monkeypatch.setattr(wrapper, "GROUP_WARP_ROUTING", False)
-    assert _launch_grids(2, 256, PrunerConfig()) == {"select_kernel": ((1,), 2, False)}
-    assert _launch_warps(1, 256, PrunerConfig()) == {"select_kernel": 1}
-    assert _launch_warps(1, 256, oea) == {"select_kernel": 8}
-    assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((5,), 8, False)}
 
 
 def _kept_count(logits, router, cfg, **fields) -> int:
@@ -634,9 +630,7 @@ def test_static_moe_spec_routes_alone_above_one_program(with_metrics, routing_su
     (``ROUTING_SUMS_MASS``); otherwise the selection runs first, as before.  Keep, ids, weights and
     metrics equal the reference's for real-token counts inside, above and below the range, and 0;
     the counters are back at 0 after every call."""
-    monkeypatch.setattr(
-        importlib.import_module("xshare_sglang.kernels.prune_route"), "ROUTING_SUMS_MASS", routing_sums_mass
-    )
+    monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.plan"), "ROUTING_SUMS_MASS", routing_sums_mass)
     from xshare_sglang.bench.kernel_compile import capture_launches
 
     num_tokens, num_experts = 40, 64
@@ -789,37 +783,31 @@ def _static_ranking(tmp_path, num_experts: int, max_experts: int = 20, coactivat
     return PrunerConfig(policy="moe-spec", max_experts=max_experts, ranking=ranking, static_ranking_path=str(path))
 
 
-@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
-def test_one_program_calls_take_a_warp_per_row_where_planned(row_warps, tmp_path, monkeypatch) -> None:
-    """``ONE_PROGRAM_ROW_WARPS``: on at most 128 experts, ``oea``, static moe-spec and the
-    co-activation ranking run on one warp per row up to four rows (light rules, as xshare whose
-    budget takes every candidate always was); with it off (``bench_selection.py --tile-warps``) on a
-    tile's four.  A one-program call of 5 to 8 rows runs any rule on a tile's four warps either way
-    (eight, one per row, lost on an H200).  A rule with an order or a cap, several programs and E=256
-    are not concerned."""
-    monkeypatch.setattr(
-        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
-    )
+def test_one_program_calls_take_a_warp_per_row_where_planned(tmp_path) -> None:
+    """On at most 128 experts the light rules (``oea``, static moe-spec, the co-activation ranking,
+    xshare whose budget takes every candidate, a top count that ``T x top_k`` fits) run one-program
+    calls of up to four rows on one warp per row.  A one-program call of 5 to 8 rows runs any rule on a
+    tile's four warps.  A rule with an order or a cap, several programs and E=256 are not concerned."""
     xshare, oea = PrunerConfig(policy="xshare", k0=1, budget=16), PrunerConfig(policy="oea", k0=1)
     static = _static_ranking(tmp_path, 128)
     assert _launch_warps(8, 128, xshare) == {"select_kernel": 4}
     assert _launch_warps(5, 64, oea) == {"select_kernel": 4}
     assert _launch_warps(7, 60, PrunerConfig(policy="moe-spec", max_experts=16)) == {"select_kernel": 4}
     assert _launch_warps(8, 128, PrunerConfig()) == {"select_kernel": 8}  # none: a warp per row
-    # light rules up to four rows: oea, static and co-activation moe-spec only with the flag, xshare always
-    assert _launch_warps(1, 128, oea) == {"select_kernel": 1 if row_warps else 4}
-    assert _launch_warps(2, 128, static) == {"select_kernel": 2 if row_warps else 4}
+    # light rules up to four rows
+    assert _launch_warps(1, 128, oea) == {"select_kernel": 1}
+    assert _launch_warps(2, 128, static) == {"select_kernel": 2}
     coact = _static_ranking(tmp_path, 128, coactivation=True)
-    assert _launch_warps(1, 128, coact) == {"select_kernel": 1 if row_warps else 4}
-    assert _launch_warps(3, 128, oea) == {"select_kernel": 4}  # a tile of 4 rows: four warps either way
+    assert _launch_warps(1, 128, coact) == {"select_kernel": 1}
+    assert _launch_warps(3, 128, oea) == {"select_kernel": 4}  # a tile of 4 rows: four warps, one per row
     assert _launch_warps(1, 128, PrunerConfig(policy="xshare", k0=1, budget=16)) == {"select_kernel": 1}
     # the router ranking's top-count on top-k scores when T x top_k fits it (and the coverage
     # ranking's one row, the same rule): no order, a light rule
     top_count = PrunerConfig(policy="moe-spec", max_experts=16, score="topk")
-    assert _launch_warps(1, 128, top_count) == {"select_kernel": 1 if row_warps else 4}
-    assert _launch_warps(2, 128, top_count) == {"select_kernel": 2 if row_warps else 4}
+    assert _launch_warps(1, 128, top_count) == {"select_kernel": 1}
+    assert _launch_warps(2, 128, top_count) == {"select_kernel": 2}
     coverage = PrunerConfig(policy="moe-spec", max_experts=16, ranking="coverage")
-    assert _launch_warps(1, 128, coverage) == {"select_kernel": 1 if row_warps else 4}
+    assert _launch_warps(1, 128, coverage) == {"select_kernel": 1}
     # an order or a cap: a tile's warps
     assert _launch_warps(4, 128, top_count) == {"select_kernel": 4}
     assert _launch_warps(1, 128, dataclasses.replace(top_count, max_experts=4)) == {"select_kernel": 4}
@@ -846,19 +834,15 @@ def test_one_program_of_seven_rows_matches_the_reference(policy, routing):
 
 
 @pytest.mark.fused_selection
-@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
 @pytest.mark.parametrize("routing", ["biased", "softmax", "grouped"])
 @pytest.mark.parametrize(("num_tokens", "num_experts"), [(1, 128), (2, 60), (1, 64)])
 @pytest.mark.parametrize("policy", ["oea", "moe-spec-static", "moe-spec-coact", "moe-spec"])
-def test_light_rules_of_a_few_rows_match_the_reference_on_either_warps(
-    policy, num_tokens, num_experts, routing, row_warps, tmp_path, monkeypatch
+def test_light_rules_of_a_few_rows_match_the_reference_on_a_warp_per_row(
+    policy, num_tokens, num_experts, routing, tmp_path
 ):
     """``oea``, static moe-spec, the co-activation ranking and the router ranking's top-count on one
-    warp per row (up to four rows) or a tile's four: keep, ids, weights and metrics equal the
-    reference's, padding rows and layers included."""
-    monkeypatch.setattr(
-        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
-    )
+    warp per row (up to four rows): keep, ids, weights and metrics equal the reference's, padding rows
+    and layers included."""
     seed = num_tokens * 31 + num_experts
     router, bias = _router(routing, 6, num_experts, seed)
     cfg = {
@@ -1092,7 +1076,7 @@ def test_retained_mass_of_rules_without_scores_is_summed_by_the_routing(
     rows, vote weights, top-k and dense scores, every router kind), two calls in a row on one
     workspace, and the workspace's counters are all 0 after each."""
     from xshare_sglang.bench.kernel_compile import capture_launches
-    from xshare_sglang.kernels.prune_route import plan_for
+    from xshare_sglang.kernels.plan import plan_for
 
     cfg = {
         "oea": PrunerConfig(policy="oea", k0=2),
@@ -1289,10 +1273,9 @@ def test_workspaces_are_kept_per_stream(monkeypatch) -> None:
     """The shared workspace and the runtime's are chosen by (device, E, stream): calls issued on two
     streams never share tickets or partials; calls on one stream share one workspace."""
     import xshare_sglang.devices as devices
-    from xshare_sglang.kernels import prune_route as _unused  # noqa: F401
     from xshare_sglang.sglang_plugin.runtime import PrunerRuntime
 
-    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    wrapper = importlib.import_module("xshare_sglang.kernels.workspace")
     current = {"stream": 11}
     monkeypatch.setattr(devices, "stream_key", lambda device: current["stream"])
     monkeypatch.setattr(wrapper, "stream_key", lambda device: current["stream"])
@@ -1316,7 +1299,7 @@ def test_cuda_without_an_index_is_the_current_device(spelling, monkeypatch) -> N
     current device is patched, and the workspace's buffers are made on the meta device."""
     from xshare_sglang.devices import canonical_device, same_device
 
-    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    wrapper = importlib.import_module("xshare_sglang.kernels.workspace")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(wrapper, "stream_key", lambda device: 0)
     assert canonical_device(spelling) == torch.device("cuda", 0)
@@ -1353,7 +1336,7 @@ def test_lynx_ranks_exactly_with_and_without_digits(beta, num_tokens, num_expert
 def test_dependent_launch_needs_hopper(monkeypatch) -> None:
     """``enable_pdl`` on a GPU older than compute capability 9.0 is refused with an error that names it;
     on 9.0 it is accepted; CPU tensors (the interpreter, the compile-only capture) have nothing to check."""
-    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
+    wrapper = importlib.import_module("xshare_sglang.kernels.launch")
     monkeypatch.setattr(wrapper, "_capability", lambda device: (8, 0))
     with pytest.raises(ValueError, match=r"enable_pdl needs a GPU of compute capability 9\.0 or newer.*is 8\.0"):
         wrapper.check_pdl(torch.device("cuda", 0))

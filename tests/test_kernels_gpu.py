@@ -126,14 +126,13 @@ def test_graph_replay_of_the_calibrated_picks(
     policy, num_tokens, num_experts, dtype, warp_picks, tmp_path, monkeypatch
 ) -> None:
     """The calibrated rankings' greedy picks, each warp on its own copy of the gains (warp-wide maxima
-    only) or block-wide (``bench_selection.py --block-picks``, the other side of their A/B): graph
-    replays match the reference."""
+    only) or block-wide (above ``plan.WARP_PICKS_MAX_EXPERTS``, lowered here to reach the block-wide
+    code on E=128 too): graph replays match the reference."""
     if not warp_picks:
-        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "WARP_PICKS_MAX_EXPERTS", 0)
+        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.plan"), "WARP_PICKS_MAX_EXPERTS", 0)
     _check_replays(_config(policy, tmp_path, num_experts), num_tokens, num_experts, dtype)
 
 
-@pytest.mark.parametrize("row_warps", [True, False], ids=["warp_per_row", "tile_warps"])
 @pytest.mark.parametrize(
     ("policy", "num_tokens", "num_experts", "dtype"),
     [
@@ -146,22 +145,15 @@ def test_graph_replay_of_the_calibrated_picks(
         ("moe-spec-topk", 2, 128, torch.float32),  # T x top_k = 16 <= 24: no order
     ],
 )
-def test_graph_replay_of_one_program_on_a_warp_per_row(
-    policy, num_tokens, num_experts, dtype, row_warps, tmp_path, monkeypatch
-) -> None:
+def test_graph_replay_of_one_program_on_a_warp_per_row(policy, num_tokens, num_experts, dtype, tmp_path) -> None:
     """``oea``, static moe-spec and the co-activation ranking on at most 128 experts run one-program
-    calls of up to four rows on one warp per row, or on a tile's four with ``ONE_PROGRAM_ROW_WARPS`` off (``bench_selection.py --tile-warps``, the other side of that
-    A/B): graph replays match the reference either way."""
-    monkeypatch.setattr(
-        importlib.import_module("xshare_sglang.kernels.prune_route"), "ONE_PROGRAM_ROW_WARPS", row_warps
-    )
+    calls of up to four rows on one warp per row: graph replays match the reference."""
     cfg = _config(policy, tmp_path, num_experts)
     if policy == "oea":
         cfg = dataclasses.replace(cfg, max_experts=None)  # a cap would order the experts: not a light rule
     _check_replays(cfg, num_tokens, num_experts, dtype)
 
 
-@pytest.mark.parametrize("group_warps", [True, False], ids=["warp_per_group", "off"])
 @pytest.mark.parametrize(
     ("policy", "num_tokens", "dtype"),
     [
@@ -183,15 +175,13 @@ def test_graph_replay_of_one_program_on_a_warp_per_row(
         ("lynx", 64, torch.bfloat16),
         ("xshare-spec", 40, torch.bfloat16),
         ("moe-spec", 256, torch.float16),  # the most rows that take a program each
-        ("oea", 257, torch.bfloat16),  # tiles of 8 rows either way
+        ("oea", 257, torch.bfloat16),  # tiles of 8 rows
     ],
 )
-def test_graph_replay_of_rows_on_a_warp_per_group(policy, num_tokens, dtype, group_warps, tmp_path, monkeypatch):
+def test_graph_replay_of_rows_on_a_warp_per_group(policy, num_tokens, dtype, tmp_path):
     """Rows of DeepSeek-V3's router (biased, 8 groups of 32 experts) route with a warp per group, in a
-    one-row call and in the routing kernel above one program, or with ``GROUP_WARP_ROUTING`` off
-    (``bench_selection.py --no-group-warps``, the other side of that A/B) as before: graph replays
-    match the reference either way."""
-    monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.prune_route"), "GROUP_WARP_ROUTING", group_warps)
+    one-row call and in the routing kernel above one program up to 256 rows: graph replays match the
+    reference."""
     _check_replays(_config(policy, tmp_path, 256), num_tokens, 256, dtype)
 
 
@@ -392,7 +382,7 @@ def test_every_spelling_of_the_device_serves_cuda0_tensors(spelling) -> None:
 def test_two_streams_get_two_workspaces() -> None:
     """Calls issued on two streams at once use two workspaces, so neither can take the other's tickets;
     both give the reference's answer."""
-    from xshare_sglang.kernels.prune_route import default_workspace
+    from xshare_sglang.kernels.plan import default_workspace
 
     cfg = PrunerConfig(policy="xshare", k0=1, budget=8)
     side = torch.cuda.Stream()

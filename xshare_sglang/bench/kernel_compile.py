@@ -1,7 +1,7 @@
 """Compile the fused selection kernels for a GPU on a machine without one, exactly as a launch would.
 
-``prune_route`` is called with CPU tensors and its two jit functions replaced by recorders, so the
-launch wrapper builds every argument as it does on a GPU; each recorded launch is then compiled for
+``prune_route`` is called with CPU tensors and its jit functions replaced by recorders, so the launch
+wrapper builds every argument as it does on a GPU; each recorded launch is then compiled for
 the target (sm_90 by default) with Triton's own argument specialization (the binder a real launch
 runs: alignment and value-1 specialization of the arguments).  The result is what the GPU would run:
 its PTX, and its SASS through the ``cuobjdump`` Triton ships.
@@ -17,7 +17,6 @@ import importlib
 import re
 from dataclasses import dataclass
 
-KERNELS = ("fill_kernel", "select_kernel", "lynx_pick_kernel", "route_kernel")  # in launch order
 PTX_OPS = (
     "div.full.f32",
     "div.approx.f32",
@@ -32,37 +31,16 @@ PTX_OPS = (
 GLOBAL_MEMORY_OPS = ("ld.global", "st.global", "atom.global", "red.global")
 
 
-class _Recorder:
-    """Stands in for a jit function: keeps the arguments of a launch instead of launching."""
-
-    def __init__(self, name: str, captured: dict) -> None:
-        self.name, self.captured = name, captured
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.captured[self.name] = (tuple(grid), args, dict(kwargs))
-
-        return launch
-
-
 def capture_launches(call, cfg, **prune_route_kwargs) -> dict[str, tuple]:
     """The launches one :func:`~xshare_sglang.kernels.prune_route` call makes, without launching:
-    ``{kernel name: (grid, args, kwargs)}``.  ``call`` holds CPU tensors."""
-    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
-    jit = importlib.import_module("xshare_sglang.kernels._prune_route")
-    real = {name: getattr(jit, name) for name in KERNELS}
-    captured: dict = {}
-    interpreting = wrapper._interpreting
-    wrapper._interpreting = lambda: True  # CPU tensors reach the launch code
-    for name in KERNELS:
-        setattr(jit, name, _Recorder(name, captured))
-    try:
-        wrapper.prune_route(call, cfg, **prune_route_kwargs)
-    finally:
-        for name, kernel in real.items():
-            setattr(jit, name, kernel)
-        wrapper._interpreting = interpreting
-    return captured
+    ``{kernel name: (grid, args, kwargs)}`` (:func:`~xshare_sglang.bench.kernel_manifest.recording`).
+    ``call`` holds CPU tensors."""
+    from ..kernels import prune_route
+    from .kernel_manifest import recording
+
+    with recording() as launches:
+        prune_route(call, cfg, **prune_route_kwargs)
+    return {fn.__name__: (grid, args, kwargs) for fn, grid, args, kwargs in launches}
 
 
 def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):
@@ -72,7 +50,7 @@ def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    fn = getattr(importlib.import_module("xshare_sglang.kernels._prune_route"), name)
+    fn = getattr(importlib.import_module("xshare_sglang.kernels.launch").kernel_module(), name)
     target = GPUTarget("cuda", capability, 32)
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)

@@ -220,8 +220,8 @@ def recording() -> Iterator[list]:
     """Within the block, the wrapper's kernels record their launches into the yielded list (in launch
     order: ``(jit function, grid, args, kwargs)``) instead of launching, and CPU tensors reach the
     launch code as under the interpreter."""
-    wrapper = importlib.import_module("xshare_sglang.kernels.prune_route")
-    jit = importlib.import_module("xshare_sglang.kernels._prune_route")
+    wrapper = importlib.import_module("xshare_sglang.kernels.launch")
+    jit = wrapper.kernel_module()
     real = {name: getattr(jit, name) for name in KERNELS}
     launches: list = []
     interpreting = wrapper._interpreting

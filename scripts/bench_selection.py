@@ -196,7 +196,7 @@ def sglang_native_topk(
 # ----------------------------------------------------------------------------------------- counting
 def count_launches(call) -> tuple[int, list[str]]:
     """Triton launches of ``call()`` (the JIT launcher's ``run`` wrapped for the duration)."""
-    from xshare_sglang.kernels import _prune_route as jit
+    from xshare_sglang.kernels import jit
 
     launcher = type(jit.select_kernel)
     original = launcher.run
@@ -289,7 +289,7 @@ class SelectionCase:
     def select(self, cfg: PrunerConfig, j: int, pdl: bool = False, reset: bool = False):
         if reset:
             # the counter reset launch multi-program calls made before (as a programmatic dependent)
-            from xshare_sglang.kernels._prune_route import fill_kernel
+            from xshare_sglang.kernels.jit import fill_kernel
 
             counters = self.workspace.counters
             fill_kernel[(1,)](counters, counters.numel(), BLOCK=2048, num_warps=4, launch_pdl=True)

@@ -46,6 +46,7 @@ import torch
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.common import git_sha
 from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, kernel_sass, loop_bodies, sass_stats
+from xshare_sglang.kernels.launch import named_arguments
 from xshare_sglang.kernels.plan import Mode
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 
@@ -188,7 +189,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.metrics_gate and args.no_metrics:
         parser.error("--metrics-gate gates the metrics row, which --no-metrics leaves out: choose one")
-    jit = importlib.import_module("xshare_sglang.kernels.launch").kernel_module()
     if args.select_mass:
         importlib.import_module("xshare_sglang.kernels.plan").ROUTING_SUMS_MASS = False
     lines = [
@@ -222,7 +222,7 @@ def main() -> int:
                     extra["metrics_gate"] = torch.ones(1, dtype=torch.int32)
                 launches = capture_launches(call, cfg, metrics_row=metrics_row, **extra)
                 for kernel, (grid, kernel_args, kwargs) in launches.items():
-                    named = dict(zip(getattr(jit, kernel).arg_names, kernel_args, strict=False)) | kwargs
+                    named = named_arguments(kernel, kernel_args) | kwargs
                     compiled = compile_launch(kernel, kernel_args, kwargs)
                     stats = sass_stats(compiled)
                     loops = " ".join(str(body) for body in loop_bodies(kernel_sass(compiled))) if args.loops else None

@@ -286,7 +286,7 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
     """A call of one row takes the router ranking's top-count in the kernel (no serial pick): keep,
     ids, weights and metrics equal the coverage reference's, over top-k and dense scores, four
     routers, ties, non-finite logits, a non-voting row, no real row, and budgets from 1 to past E."""
-    from xshare_sglang.kernels import _prune_route as jit
+    from xshare_sglang.kernels import jit
 
     routers = {
         "softmax": (RouterSpec(8, renormalize=True), None),
@@ -342,7 +342,7 @@ def _selection_launches(warp_picks: bool, monkeypatch):
     """Record the keyword arguments of every selection-kernel launch (the routing kernel's are left
     out), with the calibrated rankings' picks in every warp or, ``warp_picks=False``, block-wide (the
     other side of the A/B, ``bench_selection.py --block-picks``)."""
-    from xshare_sglang.kernels import _prune_route as jit
+    from xshare_sglang.kernels import jit
 
     if not warp_picks:
         monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.plan"), "WARP_PICKS_MAX_EXPERTS", 0)
@@ -438,7 +438,7 @@ def test_kernel_coactivation_picks_until_no_gain_then_index_order(
     a gain of zero with budget left (the rest in index order), with ties, non-finite logits,
     padding, vote weights, budgets from 1 to past E, and top-k and dense scores; the calls run the
     co-activation mode, its picks in every warp up to 128 experts."""
-    from xshare_sglang.kernels import _prune_route as jit
+    from xshare_sglang.kernels import jit
 
     with _selection_launches(warp_picks, monkeypatch) as launches:
         for case, (num_tokens, budget) in enumerate(
@@ -626,7 +626,7 @@ def test_calibrate_from_trace_cli(tmp_path) -> None:
 def test_new_rankings_keep_the_launch_count(tmp_path, variant: str, monkeypatch) -> None:
     """One launch when the batch is one tile of rows (8 at E=128), two above, as for every other policy;
     the coverage ranking (top-k scores) takes two from five rows of a tile (``plan_for``)."""
-    from xshare_sglang.kernels import _prune_route as jit
+    from xshare_sglang.kernels import jit
 
     path = str(_calibration_file(tmp_path, num_layers=2, num_experts=128))
     settings = {

@@ -1,6 +1,6 @@
 """The selection kernel's parallel building blocks against brute force, exactly.
 
-Each ``@triton.jit`` helper of ``kernels/_prune_route.py`` that replaced a serial loop (the int64
+Each ``@triton.jit`` helper of ``kernels/jit/`` that replaced a serial loop (the int64
 division of the scores, the pairwise order through global memory) is run alone through a small test
 kernel, on inputs chosen to hit its edges: ties in the order, exact multiples and off-by-one numerators
 in the division, flags and groups at random.  On CPU under ``TRITON_INTERPRET=1``; natively on a GPU.
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xshare_sglang.kernels import _prune_route as jit
+from xshare_sglang.kernels.jit import lynx, numerics, rules
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -26,7 +26,7 @@ def _floor_div_kernel(num_ptr, den_ptr, out_ptr, n, BLOCK: tl.constexpr):
     ok = i < n
     num = tl.load(num_ptr + i, mask=ok, other=0)
     den = tl.load(den_ptr + i, mask=ok, other=1)
-    tl.store(out_ptr + i, jit.floor_div(num, den), mask=ok)
+    tl.store(out_ptr + i, numerics.floor_div(num, den), mask=ok)
 
 
 @triton.jit
@@ -36,7 +36,7 @@ def _share_kernel(units_ptr, out_ptr, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C
     ok = (r < rows)[:, None] & (c < cols)[None, :]
     offs = r[:, None] * cols + c[None, :]
     units = tl.load(units_ptr + offs, mask=ok, other=0)
-    tl.store(out_ptr + offs, jit.share_of_row(units), mask=ok)
+    tl.store(out_ptr + offs, numerics.share_of_row(units), mask=ok)
 
 
 @triton.jit
@@ -57,8 +57,8 @@ def _order_kernel(
     prim = tl.load(prim_ptr + e, mask=e_ok, other=0)
     flag = (tl.load(flag_ptr + e, mask=e_ok, other=0) != 0) & e_ok
     group = tl.load(group_ptr + e, mask=e_ok, other=-1)
-    tl.store(place_ptr + e, jit.places(prim, flag, e, e_ok, group, USE_GROUP), mask=e_ok)
-    tl.store(keep_ptr + e, jit.prefix_keep(prim, flag, e, kept_mass, needed).to(tl.int8), mask=e_ok)
+    tl.store(place_ptr + e, rules.places(prim, flag, e, e_ok, group, USE_GROUP), mask=e_ok)
+    tl.store(keep_ptr + e, rules.prefix_keep(prim, flag, e, kept_mass, needed).to(tl.int8), mask=e_ok)
 
 
 def _on(t: torch.Tensor) -> torch.Tensor:
@@ -161,7 +161,7 @@ def _take_kernel(prim_ptr, chosen_ptr, out_ptr, n, rest, BLOCK: tl.constexpr):
     e_ok = e < n
     prim = tl.load(prim_ptr + e, mask=e_ok, other=0)
     chosen = tl.load(chosen_ptr + e, mask=e_ok, other=0)
-    tl.store(out_ptr + e, jit.take_by_order(prim, chosen, e, e_ok, rest), mask=e_ok)
+    tl.store(out_ptr + e, rules.take_by_order(prim, chosen, e, e_ok, rest), mask=e_ok)
 
 
 def _brute_take(prim, chosen, rest):
@@ -199,7 +199,7 @@ def _bin_counts_kernel(
     r = tl.arange(0, ROWS)
     e = tl.arange(0, BLOCK_E)
     x = tl.load(x_ptr + r[:, None] * n + e[None, :], mask=(e < n)[None, :], other=float("-inf"))
-    counts = jit.lynx_bin_counts(x, r < rows, e, alpha, beta, ROWS, BLOCK_E, BLOCK_BINS)
+    counts = lynx.lynx_bin_counts(x, r < rows, e, alpha, beta, ROWS, BLOCK_E, BLOCK_BINS)
     b = tl.arange(0, BLOCK_BINS)
     tl.store(out_ptr + e[:, None] * BLOCK_BINS + b[None, :], counts)
 

@@ -24,12 +24,13 @@ from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig, select_experts_mask
 from xshare_sglang.kernels import (
     SelectionWorkspace,
+    jit,
     plan_for,
     plan_launch,
     prune_route,
     select_keep_mask,
 )
-from xshare_sglang.kernels import _prune_route as jit
+from xshare_sglang.kernels.jit import numerics
 from xshare_sglang.kernels.plan import COVERAGE_SPLIT_ROWS, MAX_TILE_ROWS, TILE_ELEMENTS
 from xshare_sglang.policies.api import select
 from xshare_sglang.policies.call import RouterSpec
@@ -216,7 +217,7 @@ def _sixteen_bit_cases() -> list[tuple]:
 def test_sixteen_bit_logits_rank_with_int32_keys_exactly(
     dtype, style, routing, policy, num_tokens, num_experts
 ) -> None:
-    """bfloat16 and float16 logits are ranked with int32 keys (kernels/_prune_route.pack_key): masks
+    """bfloat16 and float16 logits are ranked with int32 keys (kernels/jit/keys.pack_key): masks
     and ids equal the reference's on ties, infinities, NaN and every router."""
     seed = num_tokens * 7 + num_experts
     case = _random_case(policy, num_tokens, num_experts, seed)
@@ -252,8 +253,8 @@ def test_infinity_outranks_the_largest_16_bit_value(dtype, largest, routing) -> 
 def _exp_probe(x_ptr, exp_ptr, sig_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + i, mask=i < n, other=0.0)
-    tl.store(exp_ptr + i, jit.exp32(x), mask=i < n)
-    tl.store(sig_ptr + i, jit.sigmoid32(x), mask=i < n)
+    tl.store(exp_ptr + i, numerics.exp32(x), mask=i < n)
+    tl.store(sig_ptr + i, numerics.sigmoid32(x), mask=i < n)
 
 
 @pytest.mark.fused_selection

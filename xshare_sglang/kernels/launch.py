@@ -55,10 +55,10 @@ _reported: set[str] = set()
 
 
 def kernel_module():
-    """The module that holds the jit kernels, by the names the plan gives them (imports triton)."""
-    from . import _prune_route
+    """The package that holds the jit kernels, by the names the plan gives them (imports triton)."""
+    from . import jit
 
-    return _prune_route
+    return jit
 
 
 def _interpreting() -> bool:
@@ -130,9 +130,59 @@ class Outputs:
     stats_out: torch.Tensor | None = None
 
 
+#: The names of each kernel's arguments, in the groups the kernels take them in (a tuple flattens into
+#: the kernel's parameters in order): for tools that read a launch's arguments by name.
+_CALL = ("logits_ptr", "stride_t", "stride_e", "num_tokens", "num_experts", "n_valid_ptr", "n_valid_arg", "weights_ptr")
+_ROUTING = (
+    *("bias_ptr", "ids_ptr", "ids_stride", "out_w_ptr", "out_w_stride"),
+    *("top_k", "topk_group", "group_size", "num_groups", "scale"),
+)
+_OUTPUTS = ("keep_ptr", "metrics_ptr", "metrics_gate_ptr", "stats_ptr")
+_POLICY = ("k0", "top_k", "request_budget", "count", "tau_q", "rank_budget", "cap", "min_tokens", "max_tokens")
+ARGUMENT_NAMES = {
+    "fill_kernel": ("ptr", "numel"),
+    "select_kernel": (
+        _CALL,
+        ("rows_per_program", "rows_per_request"),
+        (*_POLICY, "alpha", "beta"),
+        ("static_ptr", "redundancy_ptr", "group_ptr"),
+        ("row_scores_ptr", "cover_rows_ptr", "cover_count_ptr", "cover_capacity", "cover_agg_ptr", "cover_pairs_ptr"),
+        ("agg_acc_ptr", "warm_acc_ptr", "base_acc_ptr", "counts_acc_ptr"),
+        ("digits_ptr", "s_rank_ptr"),
+        "ticket_ptr",
+        _OUTPUTS,
+        _ROUTING,
+    ),
+    "lynx_pick_kernel": (
+        _CALL,
+        ("top_k", "alpha", "beta", "cap", "min_tokens", "max_tokens"),
+        ("s_rank_ptr", "agg_acc_ptr", "picked_ptr", "ticket_ptr"),
+        _OUTPUTS,
+    ),
+    "route_kernel": (
+        _CALL,
+        _ROUTING,
+        ("keep_ptr", "visits_ptr", "ticket_ptr", "metrics_ptr", "metrics_gate_ptr", "mass_ptr"),
+        ("static_ptr", "static_count", "min_tokens", "max_tokens"),
+    ),
+}
+
+
+def named_arguments(kernel: str, args: tuple) -> dict:
+    """A launch's positional arguments by name (:data:`ARGUMENT_NAMES`), its tuples flattened."""
+    named = {}
+    for names, value in zip(ARGUMENT_NAMES[kernel], args, strict=True):
+        if isinstance(names, tuple):
+            named.update(zip(names, value, strict=True))
+        else:
+            named[names] = value
+    return named
+
+
 def kernel_arguments(call: RoutingCall, cfg: PrunerConfig, plan: CallPlan, ws: SelectionWorkspace, out: Outputs):
-    """``{kernel name: positional arguments}`` of the plan's launches: the call's tensors and scalars,
-    the workspace's buffers, and placeholders where a constexpr says a kernel never reads one."""
+    """``{kernel name: positional arguments}`` of the plan's launches, grouped as
+    :data:`ARGUMENT_NAMES` says: the call's tensors and scalars, the workspace's buffers, and
+    placeholders where a constexpr says a kernel never reads one."""
     logits, router, rule, split = call.logits, call.router, plan.rule, plan.split
     num_tokens, num_experts = logits.shape
     num_valid = call.num_valid_tokens
@@ -160,82 +210,42 @@ def kernel_arguments(call: RoutingCall, cfg: PrunerConfig, plan: CallPlan, ws: S
     metrics = out.metrics_row if out.metrics_row is not None else ws.mass
     gate = out.metrics_gate if out.metrics_gate is not None else ws.placeholder_i32
     stats = out.stats_out if out.stats_out is not None else ws.mass
+    outputs = (out.keep, metrics, gate, stats)
     static = static_positions(cfg, call.layer_id, call.device) if rule.static else ws.placeholder_i32
     redundancy = layer_redundancy(cfg, call.layer_id, call.device) if rule.coactivation else ws.placeholder_i32
     cap = cfg.max_experts if rule.has_cap else 0
-    token_range = (
-        cfg.min_tokens if cfg.min_tokens is not None else 0,
-        cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS,
-    )
+    min_tokens = cfg.min_tokens if cfg.min_tokens is not None else 0
+    max_tokens = cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS
+    alpha = float32_value(cfg.alpha)
     pairs = ws.cover_pairs.view(-1).view(torch.int32)
+    policy = (rule.k0, router.top_k, rule.request_budget, rule.count, tau_fixed_point(cfg.tau), cfg.rank_budget)
     return {
         "fill_kernel": (pairs, pairs.numel()),
         "select_kernel": (
-            *rows,
-            split.rows_per_program,
-            split.rows_per_request,
-            rule.k0,
-            router.top_k,
-            rule.request_budget,
-            rule.count,
-            tau_fixed_point(cfg.tau),
-            cfg.rank_budget,
-            cap,
-            *token_range,
-            float32_value(cfg.alpha),
-            cfg.beta,
-            static,
-            redundancy,
-            call.expert_to_rank if call.expert_to_rank is not None else ws.flag,
-            ws.row_scores,
-            ws.cover_rows,
-            ws.cover_counts,
-            MAX_COVERAGE_TOKENS,
-            ws.cover_aggregate,
-            ws.cover_pairs,
-            ws.aggregate,
-            ws.warm_marks,
-            ws.base_marks,
-            ws.lynx_counts,
-            ws.lynx_digits,
-            ws.lynx_rank,
+            rows,
+            (split.rows_per_program, split.rows_per_request),
+            (*policy, cap, min_tokens, max_tokens, alpha, cfg.beta),
+            (static, redundancy, call.expert_to_rank if call.expert_to_rank is not None else ws.flag),
+            (ws.row_scores, ws.cover_rows, ws.cover_counts, MAX_COVERAGE_TOKENS, ws.cover_aggregate, ws.cover_pairs),
+            (ws.aggregate, ws.warm_marks, ws.base_marks, ws.lynx_counts),
+            (ws.lynx_digits, ws.lynx_rank),
             ws.tickets,
-            out.keep,
-            metrics,
-            gate,
-            stats,
-            *routing,
+            outputs,
+            routing,
         ),
         "lynx_pick_kernel": (
-            *rows,
-            router.top_k,
-            float32_value(cfg.alpha),
-            cfg.beta,
-            cap,
-            *token_range,
-            ws.lynx_rank,
-            ws.aggregate,
-            ws.picked,
-            ws.tickets[2:],
-            out.keep,
-            metrics,
-            gate,
-            stats,
+            rows,
+            (router.top_k, alpha, cfg.beta, cap, min_tokens, max_tokens),
+            (ws.lynx_rank, ws.aggregate, ws.picked, ws.tickets[2:]),
+            outputs,
         ),
         # (the routing's kept and total mass in the aggregate's first two words: no selection of a
         # rule that leaves the mass to the routing touches the aggregate)
         "route_kernel": (
-            *rows,
-            *routing,
-            out.keep,
-            ws.visits,
-            ws.tickets[1:],
-            metrics,
-            gate,
-            ws.aggregate,
-            static if plan.static_alone else ws.placeholder_i32,
-            rule.count,
-            *token_range,
+            rows,
+            routing,
+            (out.keep, ws.visits, ws.tickets[1:], metrics, gate, ws.aggregate),
+            (static if plan.static_alone else ws.placeholder_i32, rule.count, min_tokens, max_tokens),
         ),
     }
 

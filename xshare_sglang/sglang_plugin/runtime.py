@@ -410,9 +410,10 @@ class PrunerRuntime:
 
     def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
         """The call's keep mask into ``layer.keep`` (and, where a test set ``layer.stats``, its score
-        totals there) in the select-only launch; raises on a fault, which the caller counts.  The selection kernel also adds the call's
-        kept experts, retained mass and call count to the layer's metrics row; whoever routes the call
-        adds its activated experts (:meth:`rewrite`, :meth:`count_kernel_routing`)."""
+        totals there) in the select-only launch; raises on a fault, which the caller counts.  The
+        selection kernel also adds the call's kept experts, retained mass and call count to the layer's
+        metrics row; whoever routes the call adds its activated experts (:meth:`rewrite`,
+        :meth:`count_kernel_routing`)."""
         layer = call.layer
         select_keep_mask(
             self.routing_call(call, router_logits),

@@ -1,0 +1,385 @@
+"""Every GPU figure the docs show, generated from the committed run folders (``docs/gpu/*/``).
+
+Each run folder gets a machine-readable ``run.json``: commit, date, device, driver, torch and Triton
+versions, the stages that ran, the GPU test counts parsed from its logs, its result files.  The docs
+hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``:
+
+* ``runs``: every run and what it holds (docs/benchmarks.md);
+* ``selection``: the latest complete selection run's added cost per router, policy and T, against the
+  run before it (docs/bench_selection.md);
+* ``moe-layer``: per run, the pruned MoE layer's speed-up ranges per model, phase and policy, against
+  the unpruned layer the run timed and, for the runs whose baseline routed with torch ops, estimated
+  against a fused top-k from the same run's selection rows (docs/benchmarks.md);
+* ``readme``: one results table at the latest timed commit (README.md).
+
+Usage, from the repository root (no GPU)::
+
+    python3 scripts/results.py           # write every run.json and generated block
+    python3 scripts/results.py --check   # regenerate in memory; exit 1 on any difference
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import selection_table  # the added-cost table
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "docs" / "gpu"
+DOCS = {"runs": "docs/benchmarks.md", "selection": "docs/bench_selection.md", "moe-layer": "docs/benchmarks.md"}
+DOCS["readme"] = "README.md"
+FOLDER = re.compile(r"^(?P<device>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<commit>[0-9a-f]{7,})$")
+HEADER = re.compile(r"^(?P<device>[^;]+); torch (?P<torch>[^,]+), triton (?P<triton>[^,;]+)[,;]")
+# nvidia-smi's CSV line (name, memory, driver, clock) or a README's "driver N"
+DRIVER = re.compile(r"(?:MiB, |driver )(\d+\.\d+\.\d+)")
+PROGRESS = re.compile(r"^([.FEsxX]+)\s+\[\s*\d+%\]$")
+VERBOSE = re.compile(r"\b(PASSED|FAILED|ERROR) (tests/\S+)")
+PYTEST = re.compile(r"(\d+) (passed|failed|errors?)\b")
+#: moe_layer.csv names a DeepSeek-V3 expert-parallel rank; its router is selection.csv's deepseek-v3
+SELECTION_MODEL = {"deepseek-v3-ep8": "deepseek-v3"}
+MODEL_NAMES = {**selection_table.ROUTERS, "deepseek-v3-ep8": "DeepSeek-V3 (EP rank)"}
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def _read_csv(path: Path) -> list[dict]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _header(folder: Path) -> dict:
+    """Device, torch and Triton from the first line of a result Markdown that states them."""
+    for path in sorted(folder.glob("*.md")):
+        for line in path.read_text(encoding="utf-8").splitlines()[:6]:
+            match = HEADER.match(line.strip())
+            if match:
+                return {key: value.strip() for key, value in match.groupdict().items()}
+    return {}
+
+
+def _segment_counts(lines: list[str]) -> tuple[dict, bool] | None:
+    """Test counts of one stage's lines: its pytest summary, or where the stage was cut before one,
+    its verbose ``PASSED``/``FAILED`` lines, or else its progress characters.  None without tests."""
+    summary = {"passed": 0, "failed": 0, "errors": 0}
+    verbose: dict[str, str] = {}
+    progress = {"passed": 0, "failed": 0, "errors": 0}
+    found = False
+    for line in lines:
+        if re.search(r"\d+ (passed|failed).* in [\d.]+s", line):
+            found = True
+            for number, kind in PYTEST.findall(line):
+                summary["errors" if kind.startswith("error") else kind] += int(number)
+        for kind, test in VERBOSE.findall(line):
+            verbose[test] = kind
+        match = PROGRESS.match(line.strip())
+        if match:
+            chars = match.group(1)
+            progress["passed"] += chars.count(".")
+            progress["failed"] += chars.count("F")
+            progress["errors"] += chars.count("E")
+    if found:
+        return summary, False
+    if verbose:
+        counts = {kind: sum(v == kind for v in verbose.values()) for kind in ("PASSED", "FAILED", "ERROR")}
+        return {"passed": counts["PASSED"], "failed": counts["FAILED"], "errors": counts["ERROR"]}, True
+    if any(progress.values()):
+        return progress, True
+    return None
+
+
+def _tests(folder: Path) -> list[dict]:
+    """GPU test counts from the run's logs, one entry per stage that ran tests (a stage starts at
+    gpu_check's ``stage`` line, or at a ``# call`` line of an older log): its log, its name, passed,
+    failed, errors, and ``cut`` when it stopped before its pytest summary (the counts are then those of
+    the tests that finished)."""
+    out = []
+    for name in ("gpu_check.log", "gpu_tests.log"):
+        path = folder / name
+        if not path.exists():
+            continue
+        segments: list[tuple[str, list[str]]] = [("tests", [])]
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            stage = re.match(r"\[gpu_check \d+s\] stage (\w+): up to", line)
+            if stage or line.startswith("# call"):
+                segments.append((stage.group(1) if stage else line[2:].split(",")[0], []))
+            segments[-1][1].append(line)
+        for stage, lines in segments:
+            counts = _segment_counts(lines)
+            if counts is not None:
+                out.append({"log": name, "stage": stage, **counts[0], "cut": counts[1]})
+    return out
+
+
+def _tests_cell(tests: list[dict]) -> str:
+    if not tests:
+        return "-"
+    parts = []
+    for t in tests:
+        failed = f", {t['failed']} failed" if t["failed"] or t["errors"] else ""
+        parts.append(f"{t['stage']}: {t['passed']} passed{failed}" + (" (cut)" if t["cut"] else ""))
+    return "; ".join(parts)
+
+
+def _stages(folder: Path) -> list[str]:
+    """The stages the run's gpu_check.sh calls asked for (every call's header line), in order."""
+    path = folder / "gpu_check.log"
+    stages: list[str] = []
+    if path.exists():
+        for match in re.finditer(r"; stages ([a-z_,]+)", path.read_text(encoding="utf-8", errors="replace")):
+            stages += [stage for stage in match.group(1).split(",") if stage not in stages]
+    return stages
+
+
+def run_record(folder: Path) -> dict:
+    """The ``run.json`` of one run folder, from its name, result files and logs."""
+    name = FOLDER.match(folder.name)
+    if name is None:
+        raise ValueError(f"{folder}: not a run folder name (device-YYYY-MM-DD-commit)")
+    header = _header(folder)
+    driver = None
+    for path in sorted([*folder.glob("*.log"), *folder.glob("*.md")]):
+        match = DRIVER.search(path.read_text(encoding="utf-8", errors="replace"))
+        if match:
+            driver = match.group(1)
+            break
+    selection = sorted(p.name for p in folder.glob("selection*.csv"))
+    moe_layer = sorted(p.name for p in folder.glob("moe_layer*.csv"))
+    return {
+        "folder": folder.name,
+        "commit": name["commit"],
+        "date": name["date"],
+        "device": header.get("device"),
+        "driver": driver,
+        "torch": header.get("torch"),
+        "triton": header.get("triton"),
+        "stages": _stages(folder),
+        "tests": _tests(folder),
+        "selection_rows": sum(len(_read_csv(folder / f)) for f in selection),
+        "moe_layer_rows": sum(len(_read_csv(folder / f)) for f in moe_layer),
+        "files": sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != "run.json"),
+    }
+
+
+def run_folders() -> list[Path]:
+    return sorted((p for p in RUNS.iterdir() if p.is_dir() and FOLDER.match(p.name)), key=lambda p: p.name)
+
+
+def runs_block(records: list[dict]) -> str:
+    lines = [
+        "| run | commit | device | driver | torch / Triton | stages | GPU tests | selection rows | MoE-layer rows |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        tests_cell = _tests_cell(r["tests"])
+        stages = ", ".join(r["stages"]) or "-"
+        lines.append(
+            f"| [{r['date']}](gpu/{r['folder']}/) | `{r['commit']}` | {r['device'] or '-'} | {r['driver'] or '-'} | "
+            f"{r['torch'] or '-'} / {r['triton'] or '-'} | {stages} | {tests_cell} | {r['selection_rows']} | "
+            f"{r['moe_layer_rows']} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- selection
+def _selection_runs(records: list[dict]) -> list[dict]:
+    """Runs with one ``selection.csv`` of every router: the ones the selection table compares."""
+    out = []
+    for r in records:
+        path = RUNS / r["folder"] / "selection.csv"
+        if path.exists():
+            rows = selection_table.load(path)
+            if {row["model"] for row in rows} >= set(selection_table.ROUTERS):
+                out.append({**r, "rows": rows})
+    return out
+
+
+def selection_block(records: list[dict]) -> str:
+    runs = _selection_runs(records)
+    latest, before = runs[-1], runs[-2] if len(runs) > 1 else None
+    lines = [
+        f"Added cost `selection_us - none_us` (µs) at `{latest['commit']}` ({latest['date']}, "
+        f"[run](gpu/{latest['folder']}/)), every call with the serving plugin's metrics row; in brackets the "
+        + (f"same cell at `{before['commit']}`" if before else "previous run")
+        + ". Bold: within the 2 µs goal. `none` is the fused top-k alone (absolute µs).",
+        "",
+        selection_table.table(latest["rows"], before["rows"] if before else None),
+    ]
+    if before:
+        bands = ((1, 8), (32,), (64, 128, 256, 512))
+        lines += ["", "Change from the run before, per band of T: "]
+        lines[-1] += "; ".join(selection_table.differences(latest["rows"], before["rows"], bands)) + "."
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- MoE layer
+def _fused_topk_gap(folder: Path) -> dict[tuple[str, int], float]:
+    """(router, T) -> median of ``topk_us - none_us`` over a run's selection rows: what a torch-op
+    top-k costs over the fused one."""
+    gaps: dict[tuple[str, int], list[float]] = {}
+    for path in sorted(folder.glob("selection*.csv")):
+        for row in _read_csv(path):
+            gaps.setdefault((row["model"], int(row["T"])), []).append(float(row["topk_us"]) - float(row["none_us"]))
+    return {key: statistics.median(values) for key, values in gaps.items()}
+
+
+def moe_rows(folder: Path) -> list[dict]:
+    """A run's MoE-layer rows with the speed-up against a fused top-k: measured where the run's baseline
+    was one (``baseline`` column), otherwise estimated from the same run's selection rows."""
+    gap = _fused_topk_gap(folder)
+    rows = []
+    for path in sorted(folder.glob("moe_layer*.csv")):
+        for row in _read_csv(path):
+            pruned, base, tokens = float(row["pruned_us"]), float(row["baseline_us"]), int(row["T"])
+            if row.get("baseline"):  # the baseline routed by a fused top-k
+                fused, estimated = base / pruned, False
+                torch_topk = (
+                    float(row["baseline_torch_topk_us"]) / pruned if row.get("baseline_torch_topk_us") else None
+                )
+            else:
+                torch_topk = base / pruned
+                router_gap = gap.get((SELECTION_MODEL.get(row["model"], row["model"]), tokens))
+                fused = None if router_gap is None else (base - router_gap) / pruned
+                estimated = True
+            rows.append(
+                {
+                    "model": row["model"],
+                    "phase": row["phase"],
+                    "T": tokens,
+                    "policy": row["policy"],
+                    "fused": fused,
+                    "torch": torch_topk,
+                    "estimated": estimated,
+                }
+            )
+    return rows
+
+
+def _range(values: list[float], digits: int = 2) -> str:
+    return "-" if not values else f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+
+def moe_layer_block(records: list[dict]) -> str:
+    lines = [
+        "Speed-up of the pruned MoE layer (unpruned time / pruned time, the range over T and settings) per run. "
+        "*fused*: against the unpruned layer routed by a fused top-k, what a user runs (\\*: estimated, the run "
+        "timed a torch-op top-k; its baseline less the same run's median `topk_us - none_us` at that router "
+        "and T); *torch top-k*: against the unpruned layer routed by torch ops. *< 1x*: rows slower than the "
+        "fused baseline.",
+        "",
+        "| run | model | phase | policy | rows | fused | torch top-k | < 1x |",
+        "|---|---|---|---|---:|---|---|---:|",
+    ]
+    for r in records:
+        rows = moe_rows(RUNS / r["folder"])
+        groups: dict[tuple, list[dict]] = {}
+        for row in rows:
+            groups.setdefault((row["model"], row["phase"], row["policy"]), []).append(row)
+        for (model, phase, policy), members in groups.items():
+            fused = [m["fused"] for m in members if m["fused"] is not None]
+            star = "\\*" if any(m["estimated"] for m in members) else ""
+            torch_topk = [m["torch"] for m in members if m["torch"] is not None]
+            slower = sum(value < 1.0 for value in fused)
+            lines.append(
+                f"| `{r['commit']}` | {MODEL_NAMES.get(model, model)} | {phase} | {policy} | {len(members)} | "
+                f"{_range(fused)}{star if fused else ''} | {_range(torch_topk)} | {slower} |"
+            )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- README
+def readme_block(records: list[dict]) -> str:
+    """The latest timed commit's selection cost and MoE-layer speed-ups, one line per router."""
+    runs = _selection_runs(records)
+    latest = runs[-1]
+    # the MoE layer at the latest run whose MoE-layer stage reached every model
+    every = {*selection_table.ROUTERS, *SELECTION_MODEL} - {"deepseek-v3"}
+    complete = [r for r in records if {row["model"] for row in moe_rows(RUNS / r["folder"])} >= every]
+    widest = complete[-1]
+    layer = moe_rows(RUNS / widest["folder"])
+    lines = [
+        f"Selection cost over a fused top-k (µs per layer call, the range over the policies except the two "
+        f"calibrated greedy rankings) at `{latest['commit']}`, and the pruned MoE layer's speed-up at "
+        f"`{widest['commit']}` (the latest run that timed every model's layer), on one NVIDIA H200. Every "
+        "figure is generated from [docs/gpu/](docs/gpu/) by `scripts/results.py`.",
+        "",
+        "| router | `none` µs, T=1 | added µs, T=1 | T=8 | T=512 | MoE-layer speed-up, fused top-k baseline "
+        "| torch top-k baseline |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    greedy = {"moe-spec-coverage", "moe-spec-coact"}
+    for model, name in selection_table.ROUTERS.items():
+        rows = [row for row in latest["rows"] if row["model"] == model and row["policy"] not in greedy]
+
+        def added(tokens: int, rows=rows) -> str:
+            values = [row["added_us"] for row in rows if row["T"] == tokens]
+            return _range(values, 1)
+
+        none = [row["none_us"] for row in latest["rows"] if row["model"] == model and row["T"] == 1]
+        models = {model} | {k for k, v in SELECTION_MODEL.items() if v == model}
+        speed = [row for row in layer if row["model"] in models]
+        fused = [row["fused"] for row in speed if row["fused"] is not None]
+        star = "\\*" if any(row["estimated"] for row in speed) else ""
+        torch_topk = [row["torch"] for row in speed if row["torch"] is not None]
+        lines.append(
+            f"| {name} | {statistics.median(none):.1f} | {added(1)} | {added(8)} | {added(512)} | "
+            f"{_range(fused)}{star if fused else ''} | {_range(torch_topk)} |"
+        )
+    lines += ["", "\\* estimated: that run's baseline routed with torch ops, less its `topk_us - none_us`."]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the blocks
+BLOCKS = {"runs": runs_block, "selection": selection_block, "moe-layer": moe_layer_block, "readme": readme_block}
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+
+
+def replace_block(document: str, name: str, body: str) -> str:
+    begin, end = _markers(name)
+    if begin not in document or end not in document:
+        raise ValueError(f"no {begin} ... {end} markers")
+    head, rest = document.split(begin, 1)
+    return head + begin + "\n" + body.strip("\n") + "\n" + end + rest.split(end, 1)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a run.json or a block differs")
+    args = parser.parse_args(argv)
+    records = [run_record(folder) for folder in run_folders()]
+    drift = []
+    for record in records:
+        path = RUNS / record["folder"] / "run.json"
+        text = json.dumps(record, indent=1) + "\n"
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                drift.append(str(path.relative_to(ROOT)))
+        else:
+            path.write_text(text, encoding="utf-8")
+    documents: dict[str, str] = {}
+    for name, make in BLOCKS.items():
+        doc = DOCS[name]
+        documents.setdefault(doc, (ROOT / doc).read_text(encoding="utf-8"))
+        documents[doc] = replace_block(documents[doc], name, make(records))
+    for doc, text in documents.items():
+        if (ROOT / doc).read_text(encoding="utf-8") != text:
+            if args.check:
+                drift.append(doc)
+            else:
+                (ROOT / doc).write_text(text, encoding="utf-8")
+    if drift:
+        print("generated figures out of date (run python3 scripts/results.py): " + ", ".join(drift))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

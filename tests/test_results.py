@@ -1,0 +1,76 @@
+"""``scripts/results.py``: every GPU figure the docs show is generated from the committed run folders.
+
+* ``--check`` passes: each run folder's ``run.json`` and each generated block (README.md,
+  docs/benchmarks.md, docs/bench_selection.md) is what the script makes from the raw files now.
+* The speed-up against a fused top-k is measured where a run's baseline was one, and estimated from the
+  same run's selection rows where the baseline routed with torch ops, on a synthetic run.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import results  # noqa: E402
+
+
+def test_generated_figures_are_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "results.py"), "--check"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_fused_baseline_measured_or_estimated(tmp_path) -> None:
+    """A row of an older run (no ``baseline`` column, the baseline routed with torch ops): the speed-up
+    against a fused top-k is (baseline - median(topk_us - none_us) of that router and T) / pruned; a
+    row of a newer run (``baseline`` names the fused top-k) is measured, its torch-op speed-up from
+    ``baseline_torch_topk_us``."""
+    old = tmp_path / "h200-2026-11-01-abcdef1"
+    old.mkdir()
+    selection = [
+        {"model": "qwen3-30b-a3b", "T": "8", "policy": p, "topk_us": topk, "none_us": "3.0"}
+        for p, topk in (("oea", "15.0"), ("xshare", "17.0"), ("lynx", "19.0"))
+    ]
+    _write(old / "selection.csv", selection)
+    layer = {"model": "qwen3-30b-a3b", "phase": "decode", "T": "8", "policy": "xshare", "pruned_us": "50.0"}
+    _write(old / "moe_layer.csv", [{**layer, "baseline_us": "100.0"}])
+    (row,) = results.moe_rows(old)
+    assert row["estimated"] and row["torch"] == pytest.approx(2.0)
+    assert row["fused"] == pytest.approx((100.0 - 14.0) / 50.0)  # the median gap 17 - 3
+    new = tmp_path / "h200-2026-12-01-abcdef2"
+    new.mkdir()
+    fields = {"baseline_us": "80.0", "baseline": "fused top-k (policy none)", "baseline_torch_topk_us": "95.0"}
+    _write(new / "moe_layer.csv", [{**layer, **fields}])
+    (row,) = results.moe_rows(new)
+    assert not row["estimated"]
+    assert row["fused"] == pytest.approx(1.6) and row["torch"] == pytest.approx(1.9)
+
+
+def test_a_block_needs_its_markers() -> None:
+    text = "a\n<!-- results:x -->\nold\n<!-- /results:x -->\nb\n"
+    assert results.replace_block(text, "x", "new") == "a\n<!-- results:x -->\nnew\n<!-- /results:x -->\nb\n"
+    with pytest.raises(ValueError, match="results:y"):
+        results.replace_block(text, "y", "new")
+
+
+def test_run_records_read_the_folders() -> None:
+    """Every committed run folder names its commit and date, and the device its result files state."""
+    for folder in results.run_folders():
+        record = results.run_record(folder)
+        assert folder.name.endswith(record["commit"]) and record["date"] in folder.name
+        assert record["device"] == "NVIDIA H200" and record["triton"] == "3.6.0"
+        assert record["selection_rows"] + record["moe_layer_rows"] > 0

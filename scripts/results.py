@@ -264,30 +264,38 @@ def _range(values: list[float], digits: int = 2) -> str:
     return "-" if not values else f"{min(values):.{digits}f}-{max(values):.{digits}f}"
 
 
+POLICY_COLUMNS = ("xshare", "moe-spec", "xshare-spec", "lynx", "xshare-ep")
+
+
 def moe_layer_block(records: list[dict]) -> str:
     lines = [
-        "Speed-up of the pruned MoE layer (unpruned time / pruned time, the range over T and settings) per run. "
-        "*fused*: against the unpruned layer routed by a fused top-k, what a user runs (\\*: estimated, the run "
-        "timed a torch-op top-k; its baseline less the same run's median `topk_us - none_us` at that router "
-        "and T); *torch top-k*: against the unpruned layer routed by torch ops. *< 1x*: rows slower than the "
-        "fused baseline.",
+        "Speed-up of the pruned MoE layer (unpruned time / pruned time; the range over T and settings) per "
+        "run, model and phase, against the unpruned layer routed by a fused top-k, what a user runs (\\*: "
+        "estimated, the run timed a torch-op top-k: its baseline less the same run's median `topk_us - "
+        "none_us` at that router and T; n/a: that run timed no fused top-k for the router). *torch*: the range "
+        "of every policy against the torch-op top-k's layer. *< 1x*: rows slower than the fused baseline.",
         "",
-        "| run | model | phase | policy | rows | fused | torch top-k | < 1x |",
-        "|---|---|---|---|---:|---|---|---:|",
+        "| run | model | phase | rows | " + " | ".join(POLICY_COLUMNS) + " | torch | < 1x |",
+        "|---|---|---|---:|" + "---|" * len(POLICY_COLUMNS) + "---|---:|",
     ]
     for r in records:
         rows = moe_rows(RUNS / r["folder"])
         groups: dict[tuple, list[dict]] = {}
         for row in rows:
-            groups.setdefault((row["model"], row["phase"], row["policy"]), []).append(row)
-        for (model, phase, policy), members in groups.items():
-            fused = [m["fused"] for m in members if m["fused"] is not None]
-            star = "\\*" if any(m["estimated"] for m in members) else ""
+            groups.setdefault((row["model"], row["phase"]), []).append(row)
+        for (model, phase), members in groups.items():
+            cells = []
+            for policy in POLICY_COLUMNS:
+                mine = [m for m in members if m["policy"] == policy]
+                fused = [m["fused"] for m in mine if m["fused"] is not None]
+                star = "\\*" if fused and any(m["estimated"] for m in mine) else ""
+                cells.append(_range(fused) + star if fused else ("n/a" if mine else "-"))
             torch_topk = [m["torch"] for m in members if m["torch"] is not None]
-            slower = sum(value < 1.0 for value in fused)
+            slower = sum(m["fused"] is not None and m["fused"] < 1.0 for m in members)
             lines.append(
-                f"| `{r['commit']}` | {MODEL_NAMES.get(model, model)} | {phase} | {policy} | {len(members)} | "
-                f"{_range(fused)}{star if fused else ''} | {_range(torch_topk)} | {slower} |"
+                f"| `{r['commit']}` | {MODEL_NAMES.get(model, model)} | {phase} | {len(members)} | "
+                + " | ".join(cells)
+                + f" | {_range(torch_topk)} | {slower} |"
             )
     return "\n".join(lines)
 

@@ -246,7 +246,9 @@ def test_bench_moe_layer_smoke(tmp_path) -> None:
     for r in rows:
         assert r["baseline"] == "fused top-k (policy none)" and r["baseline_torch_topk_us"] > 0
         assert r["speedup"] == pytest.approx(r["baseline_us"] / r["pruned_us"], rel=2e-3, abs=2e-3)
-        assert r["speedup_torch_topk"] == pytest.approx(r["baseline_torch_topk_us"] / r["pruned_us"], rel=2e-3, abs=2e-3)
+        assert r["speedup_torch_topk"] == pytest.approx(
+            r["baseline_torch_topk_us"] / r["pruned_us"], rel=2e-3, abs=2e-3
+        )
     assert all(r["pruned_le_baseline"] and r["activated_pruned"] <= r["activated_baseline"] for r in rows)
     # the roofline: max(weight bytes / bandwidth, FLOPs / the matmul peak measured in this run)
     assert meta["matmul_tflops"] > 0

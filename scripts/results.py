@@ -39,8 +39,10 @@ FOLDER = re.compile(r"^(?P<device>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<com
 HEADER = re.compile(r"^(?P<device>[^;]+); torch (?P<torch>[^,]+), triton (?P<triton>[^,;]+)[,;]")
 # nvidia-smi's CSV line (name, memory, driver, clock) or a README's "driver N"
 DRIVER = re.compile(r"(?:MiB, |driver )(\d+\.\d+\.\d+)")
-PROGRESS = re.compile(r"^([.FEsxX]+)\s+\[\s*\d+%\]$")
-VERBOSE = re.compile(r"\b(PASSED|FAILED|ERROR) (tests/\S+)")
+# a line of pytest's progress characters, ending in its percentage, or cut (a box stopped the stage)
+PROGRESS = re.compile(r"^([.FEsxX]+)(?:\s+\[\s*\d+%\]|\[gpu_check .*)?$")
+# pytest -v: "PASSED tests/..." (with xdist) or "tests/... PASSED"
+VERBOSE = re.compile(r"\b(PASSED|FAILED|ERROR) (tests/\S+)|(tests/\S+::\S+) (PASSED|FAILED|ERROR)\b")
 PYTEST = re.compile(r"(\d+) (passed|failed|errors?)\b")
 #: moe_layer.csv names a DeepSeek-V3 expert-parallel rank; its router is selection.csv's deepseek-v3
 SELECTION_MODEL = {"deepseek-v3-ep8": "deepseek-v3"}
@@ -75,8 +77,8 @@ def _segment_counts(lines: list[str]) -> tuple[dict, bool] | None:
             found = True
             for number, kind in PYTEST.findall(line):
                 summary["errors" if kind.startswith("error") else kind] += int(number)
-        for kind, test in VERBOSE.findall(line):
-            verbose[test] = kind
+        for kind, test, other_test, other_kind in VERBOSE.findall(line):
+            verbose[test or other_test] = kind or other_kind
         match = PROGRESS.match(line.strip())
         if match:
             chars = match.group(1)

@@ -74,3 +74,26 @@ def test_run_records_read_the_folders() -> None:
         assert folder.name.endswith(record["commit"]) and record["date"] in folder.name
         assert record["device"] == "NVIDIA H200" and record["triton"] == "3.6.0"
         assert record["selection_rows"] + record["moe_layer_rows"] > 0
+
+
+def test_test_counts_per_stage_from_the_logs(tmp_path) -> None:
+    """A stage's pytest summary when it has one; a stage a box cut: its progress characters, the last
+    partial line included, or its verbose lines in either of pytest's two formats."""
+    folder = tmp_path / "h200-2026-11-01-abcdef1"
+    folder.mkdir()
+    (folder / "gpu_check.log").write_text(
+        "[gpu_check 0s] commit abcdef1; output o; budget 9s; stages tests,kernel_routing\n"
+        "[gpu_check 1s] stage tests: up to 90s: python3 -m pytest ...\n"
+        "........................................................................ [ 65%]\n"
+        "......F.....[gpu_check 97s] stage tests stopped at its 93s box\n"
+        "[gpu_check 97s] stage kernel_routing: up to 9s: python3 -m pytest ...\n"
+        "8 passed, 8 deselected, 1 warning in 11.60s\n"
+    )
+    (folder / "gpu_tests.log").write_text(
+        "# call 2, commit abcdef1\n[gw1] [ 10%] PASSED tests/test_a.py::test_one\ntests/test_a.py::test_two FAILED\n"
+    )
+    assert results._tests(folder) == [
+        {"log": "gpu_check.log", "stage": "tests", "passed": 83, "failed": 1, "errors": 0, "cut": True},
+        {"log": "gpu_check.log", "stage": "kernel_routing", "passed": 8, "failed": 0, "errors": 0, "cut": False},
+        {"log": "gpu_tests.log", "stage": "call 2", "passed": 1, "failed": 1, "errors": 0, "cut": True},
+    ]

@@ -34,6 +34,7 @@ import selection_table  # the added-cost table
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "docs" / "gpu"
 DOCS = {"runs": "docs/benchmarks.md", "selection": "docs/bench_selection.md", "moe-layer": "docs/benchmarks.md"}
+DOCS["goals"] = "docs/bench_selection.md"
 DOCS["readme"] = "README.md"
 FOLDER = re.compile(r"^(?P<device>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<commit>[0-9a-f]{7,})$")
 HEADER = re.compile(r"^(?P<device>[^;]+); torch (?P<torch>[^,]+), triton (?P<triton>[^,;]+)[,;]")
@@ -219,6 +220,96 @@ def selection_block(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+GREEDY_RANKINGS = ("moe-spec-coverage", "moe-spec-coact")
+
+
+def goals_block(records: list[dict]) -> str:
+    """How far the latest complete selection run is from the goals, per router: ``none`` <= 3 µs, the
+    added cost <= 2 µs (by T band), LYNX flat in T above one tile, the selection <= 3% of every layer
+    of at least 70 µs, and the distance to the 1% stretch."""
+    latest = _selection_runs(records)[-1]
+    rows = latest["rows"]
+    lines = [
+        f"At `{latest['commit']}` (its selection stage, every call with the metrics row). A range is over "
+        "the rows of that router; *rules*: every policy but LYNX and the two calibrated greedy rankings "
+        "(coverage, co-activation), which have their own lines.",
+        "",
+        "| goal | " + " | ".join(selection_table.ROUTERS.values()) + " |",
+        "|---|" + "---|" * len(selection_table.ROUTERS),
+    ]
+
+    def per_router(cell) -> str:
+        return " | ".join(cell([r for r in rows if r["model"] == model]) for model in selection_table.ROUTERS)
+
+    def none_cell(mine):
+        medians = [
+            statistics.median([r["none_us"] for r in mine if r["T"] == t]) for t in sorted({r["T"] for r in mine})
+        ]
+        met = "met" if max(medians) <= 3.0 else "not met"
+        return f"{met}: median per T {min(medians):.2f}-{max(medians):.2f} µs"
+
+    def added_cell(band, policies):
+        def cell(mine):
+            values = [r["added_us"] for r in mine if r["T"] in band and policies(r["policy"])]
+            if not values:
+                return "-"
+            met = sorted({r["policy"] for r in mine if r["T"] in band and policies(r["policy"]) and r["added_us"] <= 2})
+            low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+            head = (low if low == high else f"{low}-{high}") + " µs"
+            return head + (f"; met by {', '.join(met)}" if met else "")
+
+        return cell
+
+    def rules(policy):
+        return policy != "lynx" and policy not in GREEDY_RANKINGS
+
+    def share_cell(mine):
+        large = [r for r in mine if r["layer_us"] >= selection_table.LARGE_LAYER_US and r["policy"] != "none"]
+        if not large:
+            return "-"
+        shares = [r["selection_us"] / r["layer_us"] for r in large]
+        within = sum(share <= 0.03 for share in shares)
+        return f"{within} of {len(large)} rows ({100 * min(shares):.1f}-{100 * max(shares):.1f}%)"
+
+    def stretch_cell(policies):
+        def cell(mine):
+            worst = []
+            for policy in {r["policy"] for r in mine if policies(r["policy"])}:
+                large = [r for r in mine if r["policy"] == policy and r["layer_us"] >= selection_table.LARGE_LAYER_US]
+                if large:
+                    worst.append(max(r["selection_us"] - selection_table.STRETCH_SHARE * r["layer_us"] for r in large))
+            return "-" if not worst else f"{min(worst):.1f}-{max(worst):.1f} µs"
+
+        return cell
+
+    above = (32, 64, 128, 256, 512)
+    lines += [
+        "| `none` <= 3 µs | " + per_router(none_cell) + " |",
+        "| added <= 2 µs, T=1, rules | " + per_router(added_cell((1,), rules)) + " |",
+        "| added, T=8, rules | " + per_router(added_cell((8,), rules)) + " |",
+        "| added, T=32-512, rules | " + per_router(added_cell(above, rules)) + " |",
+        "| LYNX, T=1 / T=32-512 (flat in T?) | "
+        + " | ".join(
+            added_cell((1,), lambda p: p == "lynx")([r for r in rows if r["model"] == m])
+            + " / "
+            + added_cell(above, lambda p: p == "lynx")([r for r in rows if r["model"] == m])
+            for m in selection_table.ROUTERS
+        )
+        + " |",
+        "| calibrated rankings, T=1 / T=32-512 | "
+        + " | ".join(
+            added_cell((1,), lambda p: p in GREEDY_RANKINGS)([r for r in rows if r["model"] == m])
+            + " / "
+            + added_cell(above, lambda p: p in GREEDY_RANKINGS)([r for r in rows if r["model"] == m])
+            for m in selection_table.ROUTERS
+        )
+        + " |",
+        "| selection <= 3% of every layer >= 70 µs | " + per_router(share_cell) + " |",
+        "| distance to the 1% stretch, rules, worst T | " + per_router(stretch_cell(rules)) + " |",
+    ]
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------- MoE layer
 def _fused_topk_gap(folder: Path) -> dict[tuple[str, int], float]:
     """(router, T) -> median of ``topk_us - none_us`` over a run's selection rows: what a torch-op
@@ -345,7 +436,13 @@ def readme_block(records: list[dict]) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the blocks
-BLOCKS = {"runs": runs_block, "selection": selection_block, "moe-layer": moe_layer_block, "readme": readme_block}
+BLOCKS = {
+    "runs": runs_block,
+    "selection": selection_block,
+    "goals": goals_block,
+    "moe-layer": moe_layer_block,
+    "readme": readme_block,
+}
 
 
 def _markers(name: str) -> tuple[str, str]:

@@ -365,8 +365,10 @@ def moe_layer_block(records: list[dict]) -> str:
         "Speed-up of the pruned MoE layer (unpruned time / pruned time; the range over T and settings) per "
         "run, model and phase, against the unpruned layer routed by a fused top-k, what a user runs (\\*: "
         "estimated, the run timed a torch-op top-k: its baseline less the same run's median `topk_us - "
-        "none_us` at that router and T; n/a: that run timed no fused top-k for the router). *torch*: the range "
-        "of every policy against the torch-op top-k's layer. *< 1x*: rows slower than the fused baseline.",
+        "none_us` at that router and T; n/a: that run timed no fused top-k for the router). *rows*: the layer "
+        "rows, and in brackets those with no fused figure (their run timed no selection row at their T to "
+        "estimate from): they are left out of the policy ranges and of *< 1x*. *torch*: the range of every "
+        "policy against the torch-op top-k's layer. *< 1x*: rows slower than the fused baseline.",
         "",
         "| run | model | phase | rows | " + " | ".join(POLICY_COLUMNS) + " | torch | < 1x |",
         "|---|---|---|---:|" + "---|" * len(POLICY_COLUMNS) + "---|---:|",
@@ -385,8 +387,10 @@ def moe_layer_block(records: list[dict]) -> str:
                 cells.append(_range(fused) + star if fused else ("n/a" if mine else "-"))
             torch_topk = [m["torch"] for m in members if m["torch"] is not None]
             slower = sum(m["fused"] is not None and m["fused"] < 1.0 for m in members)
+            missing = sum(m["fused"] is None for m in members)
+            count = f"{len(members)} ({missing})" if missing else str(len(members))
             lines.append(
-                f"| `{r['commit']}` | {MODEL_NAMES.get(model, model)} | {phase} | {len(members)} | "
+                f"| `{r['commit']}` | {MODEL_NAMES.get(model, model)} | {phase} | {count} | "
                 + " | ".join(cells)
                 + f" | {_range(torch_topk)} | {slower} |"
             )
@@ -426,12 +430,17 @@ def readme_block(records: list[dict]) -> str:
         speed = [row for row in layer if row["model"] in models]
         fused = [row["fused"] for row in speed if row["fused"] is not None]
         star = "\\*" if any(row["estimated"] for row in speed) else ""
+        left_out = f" ({len(fused)} of {len(speed)} rows)" if fused and len(fused) < len(speed) else ""
         torch_topk = [row["torch"] for row in speed if row["torch"] is not None]
         lines.append(
             f"| {name} | {statistics.median(none):.1f} | {added(1)} | {added(8)} | {added(512)} | "
-            f"{_range(fused)}{star if fused else ''} | {_range(torch_topk)} |"
+            f"{_range(fused)}{star if fused else ''}{left_out} | {_range(torch_topk)} |"
         )
-    lines += ["", "\\* estimated: that run's baseline routed with torch ops, less its `topk_us - none_us`."]
+    lines += [
+        "",
+        "\\* estimated: that run's baseline routed with torch ops, less its `topk_us - none_us`; rows at a T "
+        "with no selection row in that run have no estimate and are left out (counted in brackets).",
+    ]
     return "\n".join(lines)
 
 

@@ -60,6 +60,29 @@ def test_fused_baseline_measured_or_estimated(tmp_path) -> None:
     assert row["fused"] == pytest.approx(1.6) and row["torch"] == pytest.approx(1.9)
 
 
+def test_rows_without_an_estimate_are_counted_not_hidden(tmp_path, monkeypatch) -> None:
+    """A layer row of an older run at a T its selection stage never timed has no fused figure: the
+    block keeps it out of the policy range and of the < 1x count, and says how many it left out."""
+    run = tmp_path / "h200-2026-11-01-abcdef1"
+    run.mkdir()
+    _write(run / "selection.csv", [{"model": "qwen3-30b-a3b", "T": "8", "topk_us": "13.0", "none_us": "3.0"}])
+    layer = {"model": "qwen3-30b-a3b", "phase": "decode", "policy": "xshare"}
+    _write(
+        run / "moe_layer.csv",
+        [
+            {**layer, "T": "8", "pruned_us": "50.0", "baseline_us": "100.0"},
+            {**layer, "T": "512", "pruned_us": "400.0", "baseline_us": "300.0"},
+        ],
+    )
+    monkeypatch.setattr(results, "RUNS", tmp_path)
+    block = results.moe_layer_block([{"folder": run.name, "commit": "abcdef1"}])
+    (row,) = [line for line in block.splitlines() if line.startswith("| `abcdef1`")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[3] == "2 (1)"  # two rows, one without a fused figure
+    assert cells[4] == "1.80-1.80\\*"  # (100 - 10) / 50; the T=512 row (0.75x by torch) is left out
+    assert cells[-1] == "0"
+
+
 def test_a_block_needs_its_markers() -> None:
     text = "a\n<!-- results:x -->\nold\n<!-- /results:x -->\nb\n"
     assert results.replace_block(text, "x", "new") == "a\n<!-- results:x -->\nnew\n<!-- /results:x -->\nb\n"

@@ -163,10 +163,23 @@ def run_record(folder: Path) -> dict:
         "triton": header.get("triton"),
         "stages": _stages(folder),
         "tests": _tests(folder),
+        "also_measured_at": _other_commits(folder, name["commit"]),
         "selection_rows": sum(len(_read_csv(folder / f)) for f in selection),
         "moe_layer_rows": sum(len(_read_csv(folder / f)) for f in moe_layer),
         "files": sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != "run.json"),
     }
+
+
+def _other_commits(folder: Path, commit: str) -> list[str]:
+    """Commits other than the folder's that its result files say they were measured at (``git <sha>``
+    in a result table's header): a run that timed a branch or an A/B beside its own commit."""
+    found: list[str] = []
+    for path in sorted([*folder.glob("*.md"), *folder.glob("*.txt")]):
+        for match in re.finditer(r"\bgit ([0-9a-f]{7,40})\b", path.read_text(encoding="utf-8", errors="replace")):
+            sha = match.group(1)[:7]
+            if not commit.startswith(sha) and sha not in found:
+                found.append(sha)
+    return found
 
 
 def run_folders() -> list[Path]:
@@ -181,8 +194,10 @@ def runs_block(records: list[dict]) -> str:
     for r in records:
         tests_cell = _tests_cell(r["tests"])
         stages = ", ".join(r["stages"]) or "-"
+        also = "".join(f" (files also at `{sha}`)" for sha in r["also_measured_at"])
         lines.append(
-            f"| [{r['date']}](gpu/{r['folder']}/) | `{r['commit']}` | {r['device'] or '-'} | {r['driver'] or '-'} | "
+            f"| [{r['date']}](gpu/{r['folder']}/) | `{r['commit']}`{also} | {r['device'] or '-'} | "
+            f"{r['driver'] or '-'} | "
             f"{r['torch'] or '-'} / {r['triton'] or '-'} | {stages} | {tests_cell} | {r['selection_rows']} | "
             f"{r['moe_layer_rows']} |"
         )

@@ -97,6 +97,10 @@ def test_run_records_read_the_folders() -> None:
         assert folder.name.endswith(record["commit"]) and record["date"] in folder.name
         assert record["device"] == "NVIDIA H200" and record["triton"] == "3.6.0"
         assert record["selection_rows"] + record["moe_layer_rows"] > 0
+        assert record["commit"] not in record["also_measured_at"]
+    # the metrics A/B in f53d4e0's folder ran at d53498d; its record says so
+    (f53d4e0,) = [f for f in results.run_folders() if f.name.endswith("f53d4e0")]
+    assert results.run_record(f53d4e0)["also_measured_at"] == ["d53498d"]
 
 
 def test_test_counts_per_stage_from_the_logs(tmp_path) -> None:

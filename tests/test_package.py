@@ -124,6 +124,17 @@ def test_readme_is_short_and_cites_no_design_notes() -> None:
         assert (root / link).exists(), link
 
 
+def test_the_long_docs_keep_the_current_state() -> None:
+    """The three docs that grew into lab notebooks stay at most 40 KB: the current state, the commands
+    that reproduce it and a decision log; their history lives in docs/history/."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for name in ("kernel-sass.md", "bench_selection.md", "benchmarks.md"):
+        assert len((docs / name).read_bytes()) <= 40_000, name
+        assert "history/" in (docs / name).read_text(), name
+
+
 def test_package_commit_is_the_checkouts_head_from_any_directory(tmp_path, monkeypatch) -> None:
     """Benchmark and A/B records name the commit that produced them, wherever the tool runs from."""
     root = Path(provenance.__file__).resolve().parents[1]

@@ -1031,8 +1031,8 @@ class ModelBench:
             ids, w = route_topk(case.logits[i % rot], shape.top_k, shape.scoring)
             self.moe(i, case.xs[i % rot], ids, w)
 
-        # the baseline: the unpruned layer as a user runs it, one fused top-k (the kernels' policy none,
-        # the same fused top-k as SGLang's), the alignment, the MoE
+        # the baseline: the unpruned layer as a user runs it, one fused top-k (the kernels' policy none:
+        # one launch, as SGLang's sgl_kernel top-k, which the device image lacks), the alignment, the MoE
         fused_topk = PrunedLayer(case, PrunerConfig(policy="none"), self.workspace)
 
         def baseline(i: int) -> None:

@@ -52,7 +52,13 @@ class LiveServer:
         )
 
     def start(self) -> LiveServer:
+        """Launch the server and wait until it answers ``/health``."""
         self.process.start()
+        return self.wait_ready()
+
+    def wait_ready(self) -> LiveServer:
+        """Wait until the launched server answers ``/health``; stop it and raise with its log's tail if
+        it exits or does not answer within ``STARTUP_TIMEOUT_S``."""
         problem = wait_healthy(self.url, STARTUP_TIMEOUT_S, self.process.exit_reason, poll_s=1.0)
         if problem is not None:
             self.stop()

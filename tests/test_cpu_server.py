@@ -33,3 +33,30 @@ def test_environment_puts_the_standin_first_once() -> None:
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["KEEP"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep) == [str(standin_path()), "/a", "/b"]
     assert (standin_path() / "sgl_kernel" / "__init__.py").is_file()
+
+
+def test_a_single_rank_server_gets_no_rank_settings() -> None:
+    env = cpu_server_env({}, argv=["--moe-pruner", "xshare", "--tp-size", "1"])
+    assert "SGLANG_NCCL_SO_PATH" not in env and "SGLANG_CPU_OMP_THREADS_BIND" not in env
+
+
+def test_ranks_get_no_nccl_and_a_share_of_the_cores(monkeypatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    env = cpu_server_env({}, argv=["--tp-size", "2", "--ep-size", "2"])
+    assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    nccl = env["SGLANG_NCCL_SO_PATH"]
+    assert nccl.startswith(str(standin_path())) and not os.path.exists(nccl)
+    # two nodes: SGLang binds against the ranks of the whole server on every node
+    assert cpu_server_env({}, argv=["--tp=2", "--nnodes", "2"])["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    # the operator's own settings win
+    given = cpu_server_env({"SGLANG_CPU_OMP_THREADS_BIND": "0-1|0-1", "SGLANG_NCCL_SO_PATH": "/x"}, argv=["--tp", "2"])
+    assert given["SGLANG_CPU_OMP_THREADS_BIND"] == "0-1|0-1" and given["SGLANG_NCCL_SO_PATH"] == "/x"
+
+
+def test_core_shares() -> None:
+    from xshare_sglang.testing.cpu_server import server_ranks, threads_bind
+
+    assert threads_bind(2, [0, 1, 2, 3]) == "0,2|1,3"
+    assert threads_bind(4, [5, 6]) == "5|6|5|6"
+    assert server_ranks(["--tp-size", "2", "--pp-size=2", "--dp", "3"]) == 12
+    assert server_ranks(["--moe-pruner", "xshare"]) == 1

@@ -53,7 +53,9 @@ def plugin_env(monkeypatch):
     import sglang.srt.runtime_context as runtime_context
 
     apply_routing_hooks()
-    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(moe_ep_size=1))
+    monkeypatch.setattr(
+        runtime_context, "get_parallel", lambda: SimpleNamespace(tp_rank=0, tp_size=1, moe_ep_rank=0, moe_ep_size=1)
+    )
     monkeypatch.setenv(ENV_VAR, json.dumps({"policy": "xshare", "k0": 1, "budget": 3, "log_interval": 2}))
     set_runtime(None)
     yield
@@ -82,6 +84,7 @@ def test_runner_init_builds_the_runtime(plugin_env, caplog) -> None:
     assert len(lines) == 1
     assert "policy=xshare" in lines[0] and "budget=3" in lines[0] and "layers=2" in lines[0]
     assert "hooks=[" in lines[0] and "transform_select_experts_inputs" in lines[0]
+    assert " rank=tp0/1,ep0/1 " in lines[0]
 
 
 def test_draft_runner_and_pruner_off_build_nothing(plugin_env, monkeypatch) -> None:

@@ -611,7 +611,9 @@ def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays)
     from xshare_sglang.sglang_plugin.runtime import get_runtime
     from xshare_sglang.sglang_plugin.settings import ENV_VAR
 
-    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(moe_ep_size=1))
+    monkeypatch.setattr(
+        runtime_context, "get_parallel", lambda: SimpleNamespace(tp_rank=0, tp_size=1, moe_ep_rank=0, moe_ep_size=1)
+    )
     monkeypatch.setattr(
         model_runner_module, "get_model", lambda: SimpleNamespace(override=lambda **kw: contextlib.nullcontext())
     )

@@ -29,6 +29,8 @@ do instead; the launch then ends with exit code 2.  What is refused, and why:
 * ``--enable-deterministic-inference`` with any policy but ``none``: SGLang's deterministic mode
   promises that a request's output does not depend on the rest of the batch, and a keep mask chosen
   for the batch breaks that promise (docs/serving.md, "Batch dependence");
+* ``xshare-ep`` without expert parallelism (``--ep-size 1``): its rounds balance the kept experts over
+  expert-parallel ranks, and there are none (the model-load check refuses the same);
 * ``--enable-torch-compile``: the compiled decode forward traces through the routing hooks (guards
   on the pruner's state, graph breaks around its kernels), which has not been shown to replay the
   same routing as an eager pruned forward; on the CPU engine its graph mode also needs an attention
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .flags import FLAG_PREFIX
+from .flags import FLAG_PREFIX, VERIFY_FLAG
 from .settings import PluginSettings
 
 #: ``--moe-a2a-backend`` values the pruner is exact with (standard dispatch, DeepEP).
@@ -110,6 +112,14 @@ def unsupported_mode_reason(args: Any, settings: PluginSettings) -> str | None:
         return (
             f"{flag} does not support elastic expert parallelism (--elastic-ep-backend {elastic}), which "
             "replaces the expert placement while serving; serve without one of the two"
+        )
+    ep_size = int(_value(args, "ep_size", 1) or 1)
+    ep_phases = [phase for phase, cfg in settings.phase_configs().items() if cfg.policy == "xshare-ep"]
+    if ep_phases and ep_size <= 1:
+        source = flag if settings.pruner.policy == "xshare-ep" else VERIFY_FLAG
+        return (
+            f"{source} xshare-ep balances the kept experts over expert-parallel ranks, but this server runs "
+            f"with --ep-size {ep_size}; use {source} xshare, or start with --ep-size > 1"
         )
     if _value(args, "enable_torch_compile", False):
         return (

@@ -275,4 +275,40 @@ def launch_refusal(server_args: Any, settings: PluginSettings, blame: Callable[[
     if shape is None:
         logger.debug("moe-pruner: the config of %s names no routed top-k", server_args.model_path)
         return None
-    return shape_refusal(settings, shape, blame, str(server_args.model_path))
+    reason = shape_refusal(settings, shape, blame, str(server_args.model_path))
+    if reason is None:
+        ep_size = int(getattr(server_args, "ep_size", 1) or 1)
+        reason = rank_budget_refusal(settings, shape, ep_size, blame, str(server_args.model_path))
+    return reason
+
+
+def rank_budget_refusal(
+    settings: PluginSettings,
+    shape: RoutingShape,
+    ep_size: int,
+    blame: Callable[[str], tuple[str, bool]],
+    model: str,
+) -> str | None:
+    """Why ``xshare-ep``'s rank budget cannot be met on this expert layout, as one line naming the flag;
+    None when it can (or no phase runs ``xshare-ep``).
+
+    A rank holds ``num_experts // ep_size`` experts: a budget above that would have every rank keep all
+    its activated experts, which prunes nothing while the flag says otherwise.
+    """
+    if shape.num_experts is None or ep_size <= 1:
+        return None
+    per_rank = shape.num_experts // ep_size
+    for phase, cfg in settings.phase_configs().items():
+        if cfg.policy != "xshare-ep" or cfg.rank_budget <= per_rank:
+            continue
+        own = cfg is settings.pruner
+        overridden = "rank_budget" in settings.phase_overrides.get(phase, {})
+        setting = f"{phase}.rank_budget" if not own and overridden else "rank_budget"
+        source, _ = blame(setting)
+        where = "" if own else f" [config of the {phase} phase]"
+        return (
+            f"{source} {cfg.rank_budget}{where} is more than the {per_rank} experts each expert-parallel rank "
+            f"holds ({shape.num_experts} experts in the config.json of {model} over --ep-size {ep_size}): every "
+            f"rank would keep all its activated experts. Use a rank budget of at most {per_rank}"
+        )
+    return None

@@ -78,21 +78,23 @@ def hook(result, self, *args, **kwargs):
     missing = liveness.unhooked(ROUTING_HOOKS)
     if missing:
         raise PrunerSetupError(f"moe-pruner: hooks not in place, refusing to start: {', '.join(missing)}")
-    runtime = build_runtime(settings, self.model, self.device, ep_size=get_parallel().moe_ep_size)
+    parallel = get_parallel()
+    runtime = build_runtime(settings, self.model, self.device, ep_size=parallel.moe_ep_size)
     runtime.runner = self
     runtime.reporter = MetricsReporter(
-        runtime, prometheus=_metrics_enabled(), labels={"tp_rank": str(getattr(self, "tp_rank", 0))}
+        runtime, prometheus=_metrics_enabled(), labels={"tp_rank": str(parallel.tp_rank)}
     )
     if settings.trace_dir is not None:
-        runtime.recorder = _trace_recorder(settings, runtime, self)
+        runtime.recorder = _trace_recorder(settings, runtime, self, rank=parallel.tp_rank)
     set_runtime(runtime)
     self.capture_head_hooks.append(capture_head)
     self.capture_tail_hooks.append(capture_tail)
     logger.info(
-        "moe-pruner active: policy=%s config=%s layers=%d hooks=[%s]",
+        "moe-pruner active: policy=%s config=%s layers=%d rank=%s hooks=[%s]",
         settings.policy_names(),
         settings.summary(),
         len(runtime.layers),
+        rank_label(parallel),
         ", ".join(
             module.TARGET.rsplit(".", 2)[-2] + "." + module.TARGET.rsplit(".", 1)[-1] for module in ROUTING_HOOKS
         ),
@@ -148,8 +150,18 @@ def draft_tree_limits() -> tuple[int, int, int]:
     return int(spec.speculative_num_steps or 0), int(spec.speculative_eagle_topk or 0), rows
 
 
-def _trace_recorder(settings, runtime, runner):
-    """The recorder of ``--moe-pruner-trace-dir``, described by the model's first MoE layer."""
+def rank_label(parallel) -> str:
+    """This process's place in the server, as the proof-of-life line names it: ``tp0/2,ep0/1``
+    (tensor-parallel rank of size, expert-parallel rank of size), plus ``pp1/2`` under pipeline
+    parallelism.  ``parallel`` is SGLang's ``get_parallel()`` (ModelRunner keeps no rank in 0.5.23)."""
+    label = f"tp{parallel.tp_rank}/{parallel.tp_size},ep{parallel.moe_ep_rank}/{parallel.moe_ep_size}"
+    pp_size = getattr(parallel, "pp_size", 1) or 1
+    return label + (f",pp{parallel.pp_rank}/{pp_size}" if pp_size > 1 else "")
+
+
+def _trace_recorder(settings, runtime, runner, *, rank: int):
+    """The recorder of ``--moe-pruner-trace-dir``, described by the model's first MoE layer; ``rank``
+    (the tensor-parallel rank) names its files."""
     from ...replay.trace import TraceMeta
     from ..model_layers import expert_bytes_by_layer
     from ..trace_recorder import TraceRecorder
@@ -171,7 +183,7 @@ def _trace_recorder(settings, runtime, runner):
         meta,
         every=settings.trace_every,
         max_bytes=settings.trace_max_mb * 2**20,
-        rank=int(getattr(runner, "tp_rank", 0) or 0),
+        rank=rank,
     )
     logger.info(
         "moe-pruner: recording router logits of 1 in %d eager decode/verify forwards into %s (up to %d MiB)",

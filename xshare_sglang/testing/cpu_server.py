@@ -10,7 +10,8 @@ command line does not already give them:
 
 * ``--model-path`` the tiny Qwen3-MoE model shipped in this package;
 * :data:`CPU_DEFAULTS`: SGLang's CPU device, torch attention and sampling, no radix cache, a small
-  KV cache, no warm-up request, no CUDA graphs.
+  KV cache, no warm-up request, no CUDA graphs, and an idle scheduler that sleeps (without
+  ``--sleep-on-idle`` it polls for requests on a full core while idle).
 
 The environment gets ``SGLANG_USE_CPU_ENGINE=1`` and, first on ``PYTHONPATH``, the folder of the
 ``sgl_kernel`` stand-in (the real package is CUDA-only).  Two more settings make a server of several
@@ -48,6 +49,7 @@ CPU_DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--skip-server-warmup", ()),
     ("--cuda-graph-backend-decode", ("disabled",)),
     ("--cuda-graph-backend-prefill", ("disabled",)),
+    ("--sleep-on-idle", ()),
 )
 
 #: Flags that name the model; without one the shipped tiny MoE model is served.

@@ -91,12 +91,20 @@ def _traffic(server: LiveServer, prompts: list[str]) -> None:
             assert len(answers[0][0]) == NEW_TOKENS
 
 
-def _masks_by_rank(folder: Path, before: set[str]) -> dict[int, dict[tuple[int, int], LayerCall]]:
-    """Rank -> {(forward step, layer): recorded call} from the trace files written since ``before``."""
+def _rank_of(path: Path) -> int:
+    return int(path.name.split("-")[1].removeprefix("r"))
+
+
+def _masks_by_rank(folder: Path, ranks: int) -> dict[int, dict[tuple[int, int], LayerCall]]:
+    """Rank -> {(forward step, layer): recorded call} from the folder's trace files, once every rank
+    has written its own (each rank's recorder writes when its forwards stop, a few seconds apart)."""
+    paths = traces_after(folder, set())
+    deadline = time.monotonic() + 60.0
+    while {_rank_of(path) for path in paths} != set(range(ranks)) and time.monotonic() < deadline:
+        paths = traces_after(folder, set())
     by_rank: dict[int, dict[tuple[int, int], LayerCall]] = {}
-    for path in traces_after(folder, before):
-        rank = int(path.name.split("-")[1].removeprefix("r"))
-        calls = by_rank.setdefault(rank, {})
+    for path in paths:
+        calls = by_rank.setdefault(_rank_of(path), {})
         for call in load_trace(path).calls:
             calls[(call.step, call.layer)] = call
     return by_rank
@@ -185,7 +193,7 @@ def test_xshare_ep_at_tp2_ep2_ranks_agree_within_the_rank_budget(tmp_path) -> No
     try:
         assert _ranks_in_log(server) == {"tp0/2,ep0/2", "tp1/2,ep1/2"}
         _traffic(server, _prompts(6))
-        pruned = _assert_ranks_agree(_masks_by_rank(traces, set()), ranks=2)
+        pruned = _assert_ranks_agree(_masks_by_rank(traces, 2), ranks=2)
         assert _metric_ranks(server) == {"0", "1"}
         samples = server.metrics()["moe_pruner:layer_calls_total"]
         assert {dict(labels)["tp_rank"] for labels, value in samples.items() if value > 0} == {"0", "1"}
@@ -236,7 +244,7 @@ def moe_spec_server(tmp_path_factory):
 def test_moe_spec_at_tp2_ep2_ranks_agree(moe_spec_server) -> None:
     server, traces = moe_spec_server
     _traffic(server, _prompts(6))
-    pruned = _assert_ranks_agree(_masks_by_rank(traces, set()), ranks=2)
+    pruned = _assert_ranks_agree(_masks_by_rank(traces, 2), ranks=2)
     assert max(int(call.keep.sum()) for call in pruned) <= 6 + TOP_K  # the budget, plus tie joins at most
 
 
@@ -272,8 +280,8 @@ def test_a_killed_rank_stops_the_server(moe_spec_server) -> None:
             except requests.RequestException:
                 continue  # the connection closed under the request: nothing was served
             assert response.status_code != 200, "a request was answered after a rank died"
-    log = server.log()
-    assert "Connection reset by peer" in log or "Connection closed by peer" in log, log[-3000:]
+    log = server.log()  # the survivor's failed collective, then SGLang's launcher tearing down
+    assert "gloo" in log and "child failed" in log, log[-3000:]
     assert stopped_after < STOP_AFTER_KILL_S
 
 
@@ -290,7 +298,7 @@ def test_two_nodes_on_one_machine_agree(tmp_path) -> None:
         node0.start()
         node1.wait_ready()
         _traffic(node0, _prompts(6))
-        _assert_ranks_agree(_masks_by_rank(traces, set()), ranks=2)
+        _assert_ranks_agree(_masks_by_rank(traces, 2), ranks=2)
         assert _ranks_in_log(node0) == {"tp0/2,ep0/1"} and _ranks_in_log(node1) == {"tp1/2,ep0/1"}
         assert _metric_ranks(node0) == {"0"} and _metric_ranks(node1) == {"1"}
     finally:

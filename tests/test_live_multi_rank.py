@@ -8,10 +8,11 @@ KV heads, 32 experts of top-4: TP 2 and EP 2 divide it).  What is checked:
   and logprobs, bit for bit, one request at a time and all prompts batched in one request;
 * every pruned layer call's keep mask is the same on every rank: each rank records its own masks
   (``--moe-pruner-trace-dir``, every decode forward), and the files are compared after the traffic,
-  at TP 2, at TP 2 / EP 2 with ``xshare-ep`` and with ``moe-spec``, and across two nodes;
+  at TP 2 / EP 2 with ``xshare-ep`` and with ``moe-spec``, and at TP 2 over two nodes;
 * ``xshare-ep`` keeps what its rounds over the two ranks' experts keep: the recorded masks equal the
-  torch reference run on the recorded logits with experts 0-15 on rank 0 and 16-31 on rank 1, and
-  show the rounds' balance and their stop at ``--moe-pruner-rank-budget`` x ranks;
+  torch reference run on the recorded logits with experts 0-15 on rank 0 and 16-31 on rank 1 (plus
+  any expert SGLang's top-k picked on a tie, which the runtime joins by design), and show the
+  rounds' balance and their stop at ``--moe-pruner-rank-budget`` x ranks;
 * ``/metrics`` carries each rank's series (``tp_rank`` label) and each rank logs its proof-of-life
   line naming its rank; on two nodes each node's ``/metrics`` carries its own rank;
 * a layout that contradicts the settings ends the launch with exit code 2 and one line;

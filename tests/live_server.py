@@ -89,6 +89,23 @@ class LiveServer:
         response.raise_for_status()
         return response.json()
 
+    def greedy_logprobs(self, prompt, max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+        """Greedy tokens and their logprobs for one prompt or a batch sent in one request; a prompt is
+        text or token ids (a batch: a list of either)."""
+        body = {
+            "input_ids" if _is_ids(prompt) else "text": prompt,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+            "return_logprob": True,
+        }
+        response = requests.post(self.url + "/generate", json=body, timeout=300)
+        response.raise_for_status()
+        answers = response.json()
+        answers = answers if isinstance(answers, list) else [answers]
+        return [
+            (answer["output_ids"], [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]])
+            for answer in answers
+        ]
+
     def completion(self, prompt: str, max_tokens: int) -> dict:
         """Greedy OpenAI-compatible ``/v1/completions``."""
         body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
@@ -115,6 +132,12 @@ class LiveServer:
                 return True
             time.sleep(0.5)
         return False
+
+
+def _is_ids(prompt) -> bool:
+    """Token ids (a list of ints, or a batch of such lists), not text."""
+    first = prompt[0] if isinstance(prompt, list) and prompt else prompt
+    return isinstance(first, int) or (isinstance(first, list) and bool(first) and isinstance(first[0], int))
 
 
 def trace_files(folder: Path) -> set[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import requests
 
 from tests.live_server import LiveServer
 from xshare_sglang.tiny.tiny_demo import heldout_texts
@@ -39,30 +38,13 @@ def _prompts(tokenizer) -> list[list[int]]:
     return [tokenizer(text)["input_ids"][:PROMPT_TOKENS] for text in chosen]
 
 
-def _generate(server: LiveServer, input_ids) -> list[tuple[list[int], list[float]]]:
-    """Greedy tokens and their logprobs, for one prompt or a batch sent in one request."""
-    body = {
-        "input_ids": input_ids,
-        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
-        "return_logprob": True,
-    }
-    response = requests.post(server.url + "/generate", json=body, timeout=300)
-    response.raise_for_status()
-    answers = response.json()
-    answers = answers if isinstance(answers, list) else [answers]
-    return [
-        (answer["output_ids"], [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]])
-        for answer in answers
-    ]
-
-
 def _serve(flags: list[str], dtype: str, prompts, log_path) -> tuple[list, list, str]:
     """One server's answers to the first ``ALONE`` prompts one at a time, then all of them in one
     batch; its log."""
     server = LiveServer(["--dtype", dtype, *flags], log_path).start()
     try:
-        alone = [_generate(server, prompt)[0] for prompt in prompts[:ALONE]]
-        batched = _generate(server, prompts)
+        alone = [server.greedy_logprobs(prompt, NEW_TOKENS)[0] for prompt in prompts[:ALONE]]
+        batched = server.greedy_logprobs(prompts, NEW_TOKENS)
         return alone, batched, server.log()
     finally:
         server.stop()

@@ -68,27 +68,10 @@ def _prompts(count: int) -> list[str]:
     return [text[: 40 + 17 * i] for i, text in enumerate(chosen)]
 
 
-def _generate(server: LiveServer, text: str | list[str]) -> list[tuple[list[int], list[float]]]:
-    """Greedy tokens and their logprobs, for one prompt or a batch sent in one request."""
-    body = {
-        "text": text,
-        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
-        "return_logprob": True,
-    }
-    response = requests.post(server.url + "/generate", json=body, timeout=300)
-    response.raise_for_status()
-    answers = response.json()
-    answers = answers if isinstance(answers, list) else [answers]
-    return [
-        (answer["output_ids"], [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]])
-        for answer in answers
-    ]
-
-
 def _traffic(server: LiveServer, prompts: list[str]) -> None:
     """The prompts as concurrent single requests (SGLang batches them as they arrive)."""
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        for answers in pool.map(lambda text: _generate(server, text), prompts):
+        for answers in pool.map(lambda text: server.greedy_logprobs(text, NEW_TOKENS), prompts):
             assert len(answers[0][0]) == NEW_TOKENS
 
 
@@ -148,8 +131,8 @@ def test_keep_all_at_tp2_answers_as_the_unpruned_tp2_server(tmp_path) -> None:
     for name, flags in (("unpruned", []), ("keep_all", KEEP_ALL)):
         server = LiveServer([*TP2, "--enable-metrics", *flags], tmp_path / f"{name}.log").start()
         try:
-            alone = [_generate(server, text)[0] for text in prompts[:ALONE]]
-            answers[name] = (alone, _generate(server, prompts))
+            alone = [server.greedy_logprobs(text, NEW_TOKENS)[0] for text in prompts[:ALONE]]
+            answers[name] = (alone, server.greedy_logprobs(prompts, NEW_TOKENS))
             if flags:
                 assert sorted(server.policies()) == ["xshare", "xshare"], server.policies()
                 assert _ranks_in_log(server) == {"tp0/2,ep0/1", "tp1/2,ep0/1"}

@@ -19,9 +19,9 @@ Remove when SGLang's CPU MoE path skips ``-1`` slots itself.
 from __future__ import annotations
 
 import functools
-import importlib.abc
+import importlib.util
 import logging
-import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 TARGET_MODULE = "sglang.srt.layers.moe.fused_moe_native"
 TARGET_FUNCTION = "moe_forward_native"
+#: The name of this wrapper's finder on ``sys.meta_path`` (installed once).
+FINDER_NAME = "xshare-cpu-ep-slots"
 
 
 def fill_skipped_slots(
@@ -94,40 +96,11 @@ def patch_module(module) -> bool:
     return True
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader):
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._inner.exec_module(module)
-        patch_module(module)
-
-
-class EpSlotsFinder(importlib.abc.MetaPathFinder):
-    """Finds :data:`TARGET_MODULE` through the rest of ``sys.meta_path`` and wraps its loader, so the
-    function is wrapped right after the module executes (callers import it at call time)."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
 def install() -> None:
-    """Put :class:`EpSlotsFinder` first on ``sys.meta_path`` (once), and wrap the function now if its
-    module is already imported."""
-    if not any(isinstance(finder, EpSlotsFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, EpSlotsFinder())
-    if TARGET_MODULE in sys.modules:
-        patch_module(sys.modules[TARGET_MODULE])
+    """Wrap the function right after its module executes (``xshare_sglang/testing/post_import.py``,
+    loaded by path), or now if the module is already imported."""
+    path = Path(__file__).resolve().parents[1] / "post_import.py"
+    spec = importlib.util.spec_from_file_location("xshare_post_import", path)
+    post_import = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(post_import)
+    post_import.install(FINDER_NAME, {TARGET_MODULE: patch_module})

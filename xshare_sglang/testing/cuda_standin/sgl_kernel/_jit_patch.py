@@ -4,11 +4,11 @@ SGLang 0.5.23 compiles many of its CUDA ops on first use (``sglang/kernels/ops/.
 ``tvm_ffi`` and ``nvcc`` over ``.cuh`` sources that the device bundle does not carry).  The modules
 themselves are plain Python and import fine; their callers bind the op functions by name at import
 time (``from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace``), so
-the functions must be swapped *before* any caller imports them.  :func:`install` puts a finder first
-on ``sys.meta_path`` that, right after one of the modules of :data:`JIT_REPLACEMENTS` executes, sets
-the listed attributes to the stand-in's functions.  ``sitecustomize.py`` beside the ``sgl_kernel``
-stand-in calls it in every Python process started with that folder on ``PYTHONPATH`` (the launcher,
-the scheduler and detokenizer subprocesses).
+the functions must be swapped *before* any caller imports them.  :func:`install` has the shared
+post-import hook (``xshare_sglang/testing/post_import.py``) set the listed attributes of each module of
+:data:`JIT_REPLACEMENTS` to the stand-in's functions right after the module executes.
+``sitecustomize.py`` beside the ``sgl_kernel`` stand-in calls it in every Python process started with
+that folder on ``PYTHONPATH`` (the launcher, the scheduler and detokenizer subprocesses).
 
 Probes that ask whether a JIT op can be built are answered ``False`` where SGLang then falls back to
 a path the stand-in serves (the fused in-place q/k norm, the Hugging Face-style RMS norm kernel).
@@ -16,15 +16,17 @@ a path the stand-in serves (the fused in-place q/k norm, the Hugging Face-style 
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import logging
-import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from . import _ops
 
 logger = logging.getLogger(__name__)
+
+#: The name of this patcher's finder on ``sys.meta_path`` (installed once).
+FINDER_NAME = "xshare-cuda-jit-ops"
 
 
 def _never(*args, **kwargs) -> bool:
@@ -72,40 +74,11 @@ def patch_module(module) -> list[str]:
     return done
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader):
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._inner.exec_module(module)
-        patch_module(module)
-
-
-class JitPatchFinder(importlib.abc.MetaPathFinder):
-    """Finds the modules of :data:`JIT_REPLACEMENTS` through the rest of ``sys.meta_path`` and wraps
-    their loaders so that the replacements follow each module's execution."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in JIT_REPLACEMENTS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
 def install() -> None:
-    """Put :class:`JitPatchFinder` first on ``sys.meta_path`` (once) and patch modules already imported."""
-    if not any(isinstance(f, JitPatchFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, JitPatchFinder())
-    for name in JIT_REPLACEMENTS:
-        if name in sys.modules:
-            patch_module(sys.modules[name])
+    """Patch the modules of :data:`JIT_REPLACEMENTS` right after each executes
+    (``xshare_sglang/testing/post_import.py``, loaded by path), and those already imported now."""
+    path = Path(__file__).resolve().parents[2] / "post_import.py"
+    spec = importlib.util.spec_from_file_location("xshare_post_import", path)
+    post_import = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(post_import)
+    post_import.install(FINDER_NAME, dict.fromkeys(JIT_REPLACEMENTS, patch_module))

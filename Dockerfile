@@ -1,7 +1,7 @@
 # xshare-sglang serving image: SGLang 0.5.23 with the MoE expert-pruning plugin installed.
 #
-# Built and run on GPU hosts (H100 / H200, sm_90); CI only lints this file and checks its pins
-# (tests/test_dockerfile.py).  See docs/docker.md for build and run examples.
+# Built and run on GPU hosts (H100 / H200, sm_90).  tests/test_dockerfile.py lints this file and checks
+# its pins; scripts/docker_smoke.sh builds and serves it on a CPU-only machine.  See docs/docker.md.
 #
 # Base image.  Since SGLang 0.5.20 the official images are CUDA 13 only (v0.5.19-cu129 was the last
 # CUDA 12 tag); each release is published as `v<version>` and as `v<version>-cu130`.  The explicit
@@ -10,13 +10,17 @@
 # kernels include sm_90, so H100 and H200 run it.  The host needs a CUDA 13 driver (>= 580).
 # No digest is pinned (it could not be checked from where this file was written); to pin one, append
 # `@sha256:<digest>` to the tag (tests/test_dockerfile.py accepts that form).
-FROM lmsysorg/sglang:v0.5.23-cu130
+# BASE_IMAGE is overridden only by scripts/docker_smoke.sh, which builds this file unchanged on a local
+# CPU-only stand-in for the official image (docs/docker.md).
+ARG BASE_IMAGE=lmsysorg/sglang:v0.5.23-cu130
+FROM ${BASE_IMAGE}
+ARG BASE_IMAGE
 
 LABEL org.opencontainers.image.title="xshare-sglang" \
       org.opencontainers.image.description="SGLang 0.5.23 with the xshare_sglang MoE expert-pruning plugin (--moe-pruner)" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="docker.io/lmsysorg/sglang:v0.5.23-cu130"
+      org.opencontainers.image.base.name="${BASE_IMAGE}"
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 

@@ -40,7 +40,7 @@
 # SGLang's fused-MoE kernel file is read from .sgl/ when present (see docs/benchmarks.md); without it
 # the benchmarks time torch._grouped_mm and say so.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 sha=unknown
 only=tests,selection,pdl,mass,gate,moe_layer,kernel_routing,guard
@@ -195,5 +195,5 @@ if wanted guard; then
         --out-dir "$work/guard" "${sgl_args[@]}"
     keep "$work/guard/guard_table.md" "$work/guard/guard_table.json"
 fi
-say "done in $(($(date +%s) - start))s; files: $(ls "$out" | tr '\n' ' ')"
+say "done in $(($(date +%s) - start))s; files: $(find "$out" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort | tr '\n' ' ')"
 rm -rf "$work"

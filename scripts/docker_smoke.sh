@@ -45,6 +45,10 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+# One run at a time on a machine: runs share the daemon, the Debian image and a kept base.
+exec 9> "${TMPDIR:-/tmp}/xshare-docker-smoke.lock"
+flock -n 9 || { echo "docker_smoke.sh: another run holds ${TMPDIR:-/tmp}/xshare-docker-smoke.lock; wait for it" >&2; exit 1; }
+
 RUN_ID=$(date -u +%Y%m%dT%H%M%SZ)-$$
 LOG_DIR=${LOG_DIR:-/tmp/xshare-docker-smoke-$RUN_ID}
 mkdir -p "$LOG_DIR"
@@ -172,7 +176,7 @@ start_daemon() {
         command -v dockerd > /dev/null || { logged apt-update.log apt-get update; apt_install docker.io; }
         # --bridge=none: no docker0 bridge and no NAT rules; the containers use the host's network only.
         dockerd --bridge=none --iptables=false --ip-masq=false --pidfile "$WORK/dockerd.pid" \
-            > "$LOG_DIR/dockerd.log" 2>&1 &
+            > "$LOG_DIR/dockerd.log" 2>&1 9>&- &
         STARTED_DOCKERD=$!
         for _ in $(seq 60); do
             docker info > /dev/null 2>&1 && break
@@ -239,10 +243,13 @@ build_image() {
 # The CPU server's arguments, from the package inside the image: the shipped tiny model and the CPU
 # engine's defaults (xshare_sglang.testing.cpu_server, as `make serve-cpu` uses them).
 read_server_args() {
-    mapfile -t SERVER_ARGS < <(docker run --rm --network none --entrypoint python3 "$IMAGE" -c \
-        'from xshare_sglang.testing.cpu_server import cpu_server_command; print("\n".join(cpu_server_command([])[3:]))')
+    local printed
+    printed=$(docker run --rm --network none --entrypoint python3 "$IMAGE" -c \
+        'from xshare_sglang.testing.cpu_server import cpu_server_command; print("\n".join(cpu_server_command([])[3:]))') \
+        || die "could not read the CPU server arguments from the image"
+    mapfile -t SERVER_ARGS <<< "$printed"
+    [ "${SERVER_ARGS[0]}" = --model-path ] && [ -n "${SERVER_ARGS[1]:-}" ] || die "unexpected server arguments: $printed"
     TINY_MODEL=${SERVER_ARGS[1]}
-    [ "${SERVER_ARGS[0]}" = --model-path ] && [ -n "$TINY_MODEL" ] || die "could not read the CPU server arguments"
     log "server arguments: ${SERVER_ARGS[*]}"
 }
 

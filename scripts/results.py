@@ -1,4 +1,5 @@
-"""Every GPU figure the docs show, generated from the committed run folders (``docs/gpu/*/``).
+"""Every measured figure the docs show, generated from the committed run folders (``docs/gpu/*/``,
+``docs/docker-runs/*/``).
 
 Each run folder gets a machine-readable ``run.json``: commit, date, device, driver, torch and Triton
 versions, the stages that ran, the GPU test counts parsed from its logs, its result files.  The docs
@@ -10,7 +11,9 @@ hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME
 * ``moe-layer``: per run, the pruned MoE layer's speed-up ranges per model, phase and policy, against
   the unpruned layer the run timed and, for the runs whose baseline routed with torch ops, estimated
   against a fused top-k from the same run's selection rows (docs/benchmarks.md);
-* ``readme``: one results table at the latest timed commit (README.md).
+* ``readme``: one results table at the latest timed commit (README.md);
+* ``docker``: each run of ``scripts/docker_smoke.sh`` (its ``summary.json``): the steps' seconds and the
+  image sizes (docs/docker.md).
 
 Usage, from the repository root (no GPU)::
 
@@ -36,6 +39,8 @@ RUNS = ROOT / "docs" / "gpu"
 DOCS = {"runs": "docs/benchmarks.md", "selection": "docs/bench_selection.md", "moe-layer": "docs/benchmarks.md"}
 DOCS["goals"] = "docs/bench_selection.md"
 DOCS["readme"] = "README.md"
+DOCS["docker"] = "docs/docker.md"
+DOCKER_RUNS = ROOT / "docs" / "docker-runs"
 FOLDER = re.compile(r"^(?P<device>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<commit>[0-9a-f]{7,})$")
 HEADER = re.compile(r"^(?P<device>[^;]+); torch (?P<torch>[^,]+), triton (?P<triton>[^,;]+)[,;]")
 # nvidia-smi's CSV line (name, memory, driver, clock) or a README's "driver N"
@@ -459,6 +464,36 @@ def readme_block(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _gigabytes(size: int) -> str:
+    return f"{size / 1e9:.2f} GB"
+
+
+def docker_block(_records: list[dict]) -> str:
+    """Per Docker smoke run: where it ran, each step's seconds, the images' sizes."""
+    lines = []
+    for folder in sorted(DOCKER_RUNS.iterdir()) if DOCKER_RUNS.is_dir() else []:
+        run = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        how = "base reused from an earlier run" if run["base_reused"] else "everything built"
+        daemon = "daemon started by the run" if run["daemon_started_by_run"] else "daemon already running"
+        lines += [
+            f"**`{folder.name}`**: {run['status']} in {run['total_seconds']} s at `{run['commit']}` ({how}; "
+            f"{run['cores']} cores; Docker {run['docker']}, {run['storage_driver']}; {daemon}).",
+            "",
+            "| step | seconds |",
+            "|---|---|",
+            *(f"| {step['step']} | {step['seconds']} |" for step in run["steps"]),
+            "",
+        ]
+        sizes = run["image_bytes"]
+        base = next((size for name, size in sizes.items() if name.startswith("xshare-smoke/cpu-base:")), None)
+        image = next((size for name, size in sizes.items() if name.startswith("xshare-smoke/xshare-sglang:")), None)
+        described = [f"`{name.split(':')[0]}` {_gigabytes(size)}" for name, size in sizes.items()]
+        if base is not None and image is not None:
+            described.append(f"the project's layers {(image - base) / 1e6:.0f} MB")
+        lines += ["Image sizes (`docker image inspect`, 10^9 bytes): " + ", ".join(described) + ".", ""]
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------- the blocks
 BLOCKS = {
     "runs": runs_block,
@@ -466,6 +501,7 @@ BLOCKS = {
     "goals": goals_block,
     "moe-layer": moe_layer_block,
     "readme": readme_block,
+    "docker": docker_block,
 }
 
 

@@ -89,22 +89,26 @@ logged() {
     fi
 }
 
+# The sizes of the images this run used, as "name<TAB>bytes" lines.
+image_sizes() {
+    local image
+    for image in "$DEBIAN_IMAGE" "${BASE_IMAGE:-}" "$IMAGE"; do
+        [ -n "$image" ] && docker image inspect "$image" > /dev/null 2>&1 \
+            && printf '%s\t%s\n' "$image" "$(docker image inspect -f '{{.Size}}' "$image")"
+    done
+    return 0
+}
+
 write_summary() {
-    local status=$1 sizes="" image
-    if docker info > /dev/null 2>&1; then
-        for image in "$DEBIAN_IMAGE" "${BASE_IMAGE:-}" "$IMAGE"; do
-            [ -n "$image" ] && docker image inspect "$image" > /dev/null 2>&1 \
-                && sizes+="$image	$(docker image inspect -f '{{.Size}}' "$image")"$'\n'
-        done
-    fi
+    local status=$1 sizes=$2
     printf '%s\n' "${STEPS[@]}" | python3 -c '
-import json, os, sys
+import datetime, json, os, sys
 status, commit, sizes, total, driver, docker_version, started, reused, log_dir = sys.argv[1:10]
 steps = [{"step": name, "seconds": int(s)} for name, s in (line.split("\t") for line in sys.stdin.read().splitlines() if line)]
 record = {
     "status": status,
     "commit": commit,
-    "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "total_seconds": int(total),
     "steps": steps,
     "image_bytes": {name: int(size) for name, size in (line.split("\t") for line in sizes.splitlines() if line)},
@@ -122,11 +126,14 @@ with open(os.path.join(log_dir, "summary.json"), "w") as out:
         "$BASE_REUSED" "$LOG_DIR"
 }
 
+# Removes what this run made (containers; images unless --keep-images; the daemon it started), then
+# writes summary.json, with the removal as its last step and the total up to the end.
 cleanup() {
-    local status=$?
+    local status=$? sizes="" start=$SECONDS
     trap - EXIT INT TERM
     set +e
     if docker info > /dev/null 2>&1; then
+        sizes=$(image_sizes)
         for container in "$PRUNED" "$UNPRUNED" "$NET"; do
             if docker container inspect "$container" > /dev/null 2>&1; then
                 [ "$container" = "$NET" ] || docker logs "$container" > "$LOG_DIR/$container.log" 2>&1
@@ -134,10 +141,8 @@ cleanup() {
                 log "removed container $container"
             fi
         done
-        write_summary "$([ "$status" -eq 0 ] && echo passed || echo failed)"
         if [ "$KEEP_IMAGES" -eq 0 ] && [ ${#BUILT_IMAGES[@]} -gt 0 ]; then
             docker image rm -f "${BUILT_IMAGES[@]}" > /dev/null && log "removed images ${BUILT_IMAGES[*]}"
-            docker image prune -f --filter "label=org.opencontainers.image.title=xshare-sglang" > /dev/null
         fi
     fi
     if [ -n "$STARTED_DOCKERD" ]; then
@@ -145,6 +150,8 @@ cleanup() {
         for _ in $(seq 60); do kill -0 "$STARTED_DOCKERD" 2> /dev/null || break; sleep 1; done
     fi
     rm -rf "$WORK"
+    STEPS+=("remove what the run made	$((SECONDS - start))")
+    write_summary "$([ "$status" -eq 0 ] && echo passed || echo failed)" "$sizes"
     log "steps: $(printf '%s; ' "${STEPS[@]}" | tr '\t' ' ')"
     if [ "$status" -eq 0 ]; then
         log "PASSED in $((SECONDS - RUN_START)) s; logs and summary.json in $LOG_DIR"

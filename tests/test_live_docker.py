@@ -43,7 +43,7 @@ def test_image_builds_and_serves(tmp_path: Path) -> None:
     assert result.returncode == 0, output[-6000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "passed"
-    assert [step["step"] for step in summary["steps"]][-8:] == [
+    assert [step["step"] for step in summary["steps"]][-9:] == [
         "build the project's Dockerfile on it",
         "read the CPU server arguments from the image",
         "start a pruned and an unpruned server",
@@ -52,6 +52,7 @@ def test_image_builds_and_serves(tmp_path: Path) -> None:
         "proof-of-life line, completion, /metrics counters",
         "the servers' network: loopback only",
         "xshare-ab-compare from the image",
+        "remove what the run made",
     ]
     for needle in (
         "check: proof-of-life line: moe-pruner active: policy=xshare",

@@ -475,6 +475,12 @@ def docker_block(_records: list[dict]) -> str:
         run = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         how = "base reused from an earlier run" if run["base_reused"] else "everything built"
         daemon = "daemon started by the run" if run["daemon_started_by_run"] else "daemon already running"
+        log = folder / "smoke.log"
+        installed = (
+            re.findall(r"installing Debian packages: (.+)", log.read_text(encoding="utf-8")) if log.is_file() else []
+        )
+        if installed:
+            daemon += f", Debian packages installed by the run: {', '.join(installed)}"
         lines += [
             f"**`{folder.name}`**: {run['status']} in {run['total_seconds']} s at `{run['commit']}` ({how}; "
             f"{run['cores']} cores; Docker {run['docker']}, {run['storage_driver']}; {daemon}).",

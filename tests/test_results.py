@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,39 @@ def test_test_counts_per_stage_from_the_logs(tmp_path) -> None:
         {"log": "gpu_check.log", "stage": "kernel_routing", "passed": 8, "failed": 0, "errors": 0, "cut": False},
         {"log": "gpu_tests.log", "stage": "call 2", "passed": 1, "failed": 1, "errors": 0, "cut": True},
     ]
+
+
+def test_docker_block_shows_each_smoke_run(tmp_path, monkeypatch) -> None:
+    """Each ``docs/docker-runs/*/summary.json``: status, total, every step's seconds, the image sizes."""
+    run = tmp_path / "cpu-2026-12-02-abc1234"
+    run.mkdir()
+    summary = {
+        "status": "passed",
+        "commit": "abc1234",
+        "total_seconds": 634,
+        "steps": [
+            {"step": "build the local CPU base", "seconds": 412},
+            {"step": "wait for both servers", "seconds": 34},
+        ],
+        "image_bytes": {
+            "xshare-smoke/debian:bookworm": 198_901_424,
+            "xshare-smoke/cpu-base:7ca6e585f279": 11_031_150_018,
+            "xshare-smoke/xshare-sglang:x": 11_189_329_646,
+        },
+        "base_reused": False,
+        "docker": "client 28.2.2, daemon 20.10.24",
+        "storage_driver": "overlay2",
+        "daemon_started_by_run": True,
+        "cores": 2,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "smoke.log").write_text("[docker-smoke 08:29:35] installing Debian packages: docker.io\n")
+    monkeypatch.setattr(results, "DOCKER_RUNS", tmp_path)
+    block = results.docker_block([])
+    assert "**`cpu-2026-12-02-abc1234`**: passed in 634 s at `abc1234` (everything built; 2 cores" in block
+    assert "daemon started by the run, Debian packages installed by the run: docker.io)." in block
+    assert "| build the local CPU base | 412 |\n| wait for both servers | 34 |" in block
+    assert "`xshare-smoke/cpu-base` 11.03 GB, `xshare-smoke/xshare-sglang` 11.19 GB" in block
+    assert "the project's layers 158 MB" in block
+    monkeypatch.setattr(results, "DOCKER_RUNS", tmp_path / "none")
+    assert results.docker_block([]) == ""

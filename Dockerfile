@@ -32,8 +32,9 @@ COPY xshare_sglang /tmp/xshare-sglang/xshare_sglang
 #   1. record torch/triton/sglang before installing anything, and turn them into a pip constraints
 #      file, so pip fails instead of replacing one of them;
 #   2. install the package's own dependencies other than SGLang, pinned exactly as in pyproject.toml
-#      (transformers==5.19.0 is SGLang's own pin, and scipy and PyYAML are pinned to what SGLang's
-#      dependencies resolve to, so in the image these are expected to be already satisfied);
+#      (transformers==5.19.0 is SGLang's own pin; scipy and PyYAML are pinned to what SGLang's
+#      unpinned requirements resolved to when the pins were set, so pip replaces a newer release that
+#      the base may hold since);
 #   3. install the package itself with --no-deps, so its `sglang==0.5.23` requirement never reaches pip.
 # PIP_BREAK_SYSTEM_PACKAGES: the image's Python is the system one; SGLang's own Dockerfile installs
 # into it the same way.

@@ -194,6 +194,9 @@ start_daemon() {
         log "started dockerd (pid $STARTED_DOCKERD), stopped at the end"
     fi
     DRIVER=$(docker info -f '{{.Driver}}')
+    if [ "$DRIVER" = vfs ]; then
+        log "warning: storage driver vfs copies every layer in full: the images need several times their size on disk"
+    fi
     DOCKER_VERSION=$(docker version -f 'client {{.Client.Version}}, daemon {{.Server.Version}}')
     log "Docker $DOCKER_VERSION, storage driver $DRIVER, $(df -h --output=avail "$(docker info -f '{{.DockerRootDir}}')" | tail -1 | tr -d ' ') free"
 }

@@ -1,8 +1,10 @@
 """Every measured figure the docs show, generated from the committed run folders (``docs/gpu/*/``,
 ``docs/docker-runs/*/``).
 
-Each run folder gets a machine-readable ``run.json``: commit, date, device, driver, torch and Triton
-versions, the stages that ran, the GPU test counts parsed from its logs, its result files.  The docs
+Each run folder gets a machine-readable ``run.json``: commit, date, device, driver (and the file it
+was read from), torch and Triton versions, the stages that ran, the GPU test counts parsed from its logs,
+the result files its own text says were measured on a tree with uncommitted changes, and every file it
+holds (those in its subfolders included).  The docs
 hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``:
 
 * ``runs``: every run and what it holds (docs/benchmarks.md);
@@ -10,8 +12,10 @@ hold generated blocks between ``<!-- results:NAME -->`` and ``<!-- /results:NAME
   run before it (docs/bench_selection.md);
 * ``moe-layer``: per run, the pruned MoE layer's speed-up ranges per model, phase and policy, against
   the unpruned layer the run timed and, for the runs whose baseline routed with torch ops, estimated
-  against a fused top-k from the same run's selection rows (docs/benchmarks.md);
-* ``readme``: one results table at the latest timed commit (README.md);
+  against a fused top-k from the same run's selection rows where those time the layer's top-k
+  (docs/benchmarks.md);
+* ``readme``: one results table at the latest timed commit, with the rows below 1.0x and the noise of
+  their estimate (README.md);
 * ``docker``: each run of ``scripts/docker_smoke.sh`` (its ``summary.json``): the steps' seconds and the
   image sizes (docs/docker.md).
 
@@ -45,6 +49,12 @@ FOLDER = re.compile(r"^(?P<device>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<com
 HEADER = re.compile(r"^(?P<device>[^;]+); torch (?P<torch>[^,]+), triton (?P<triton>[^,;]+)[,;]")
 # nvidia-smi's CSV line (name, memory, driver, clock) or a README's "driver N"
 DRIVER = re.compile(r"(?:MiB, |driver )(\d+\.\d+\.\d+)")
+# a result header's "git <sha>": the bench scripts write the first 12 characters of --git-sha (default
+# HEAD's sha); anything after the hex sha ("git fa1eae1-patc" of --git-sha fa1eae1-patched) names a tree
+# with uncommitted changes
+GIT_FIELD = re.compile(r"\bgit ([0-9a-f]{7,40})([^\s;,]*)")
+# a line of a run README's table of scripts that ran against a patch: its last cell names the outputs
+PATCH_ROW = re.compile(r"^\|.*`[^`]+\.patch`.*\|([^|]*)\|\s*$")
 # a line of pytest's progress characters, ending in its percentage, or cut (a box stopped the stage)
 PROGRESS = re.compile(r"^([.FEsxX]+)(?:\s+\[\s*\d+%\]|\[gpu_check .*)?$")
 # pytest -v: "PASSED tests/..." (with xdist) or "tests/... PASSED"
@@ -52,6 +62,12 @@ VERBOSE = re.compile(r"\b(PASSED|FAILED|ERROR) (tests/\S+)|(tests/\S+::\S+) (PAS
 PYTEST = re.compile(r"(\d+) (passed|failed|errors?)\b")
 #: moe_layer.csv names a DeepSeek-V3 expert-parallel rank; its router is selection.csv's deepseek-v3
 SELECTION_MODEL = {"deepseek-v3-ep8": "deepseek-v3"}
+#: selection routers whose ``topk_us`` times another top-k than the MoE-layer baseline of the runs without
+#: a fused one: bench_selection.py times DeepSeek-V3's biased group-limited top-k, while bench_moe_layer.py
+#: routes its DeepSeek-V3 shape with a plain sigmoid top-k ("no group-limited routing, no correction
+#: bias" in its moe_layer*.md), so their ``topk_us - none_us`` estimates nothing for that layer
+OTHER_TOPK = {"deepseek-v3"}
+OTHER_TOPK_NOTE = "DeepSeek-V3's layer ran a plain sigmoid top-k, its selection rows the grouped, biased one"
 MODEL_NAMES = {**selection_table.ROUTERS, "deepseek-v3-ep8": "DeepSeek-V3 (EP rank)"}
 
 
@@ -150,12 +166,7 @@ def run_record(folder: Path) -> dict:
     if name is None:
         raise ValueError(f"{folder}: not a run folder name (device-YYYY-MM-DD-commit)")
     header = _header(folder)
-    driver = None
-    for path in sorted([*folder.glob("*.log"), *folder.glob("*.md")]):
-        match = DRIVER.search(path.read_text(encoding="utf-8", errors="replace"))
-        if match:
-            driver = match.group(1)
-            break
+    driver, driver_from = _driver(folder)
     selection = sorted(p.name for p in folder.glob("selection*.csv"))
     moe_layer = sorted(p.name for p in folder.glob("moe_layer*.csv"))
     return {
@@ -164,15 +175,59 @@ def run_record(folder: Path) -> dict:
         "date": name["date"],
         "device": header.get("device"),
         "driver": driver,
+        "driver_from": driver_from,
         "torch": header.get("torch"),
         "triton": header.get("triton"),
         "stages": _stages(folder),
         "tests": _tests(folder),
         "also_measured_at": _other_commits(folder, name["commit"]),
+        "modified_tree": _modified_tree(folder),
         "selection_rows": sum(len(_read_csv(folder / f)) for f in selection),
         "moe_layer_rows": sum(len(_read_csv(folder / f)) for f in moe_layer),
-        "files": sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != "run.json"),
+        "files": _files(folder),
     }
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file of a run folder but its ``run.json``, subfolders included, as paths relative to it."""
+    return sorted(
+        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p != folder / "run.json"
+    )
+
+
+def _driver(folder: Path) -> tuple[str | None, str | None]:
+    """The GPU driver version and the file it was read from: nvidia-smi's line in a log first (what the
+    machine said), else a Markdown's "driver N" (what a person wrote); (None, None) where no file has it."""
+    for path in [*sorted(folder.rglob("*.log")), *sorted(folder.rglob("*.md"))]:
+        match = DRIVER.search(path.read_text(encoding="utf-8", errors="replace"))
+        if match:
+            return match.group(1), path.relative_to(folder).as_posix()
+    return None, None
+
+
+def _modified_tree(folder: Path) -> list[str]:
+    """Result files a run folder's own text says were measured on a tree with uncommitted changes.
+
+    A result's header (its first six lines) whose ``git`` field carries more than a hex sha (the bench
+    scripts write ``--git-sha`` there): that file and the CSV of the same stem, which the same call
+    wrote; a file whose first six lines say it ran with a change made or patched by hand; the outputs a
+    run README's table lists for a script that ran against a ``.patch``.
+    """
+    found: set[str] = set()
+    for path in sorted([*folder.rglob("*.md"), *folder.rglob("*.txt")]):
+        opening = "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[:6])
+        marked = any(suffix for _sha, suffix in GIT_FIELD.findall(opening))
+        if marked or re.search(r"\b(?:made|patched) by hand\b", opening):
+            found.add(path.relative_to(folder).as_posix())
+            if marked and path.with_suffix(".csv").is_file():
+                found.add(path.with_suffix(".csv").relative_to(folder).as_posix())
+        if path.name == "README.md":
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                row = PATCH_ROW.match(line.strip())
+                for output in re.findall(r"`([^`]+)`", row.group(1)) if row else []:
+                    if (path.parent / output).is_file():
+                        found.add((path.parent / output).relative_to(folder).as_posix())
+    return sorted(found)
 
 
 def _other_commits(folder: Path, commit: str) -> list[str]:
@@ -200,6 +255,9 @@ def runs_block(records: list[dict]) -> str:
         tests_cell = _tests_cell(r["tests"])
         stages = ", ".join(r["stages"]) or "-"
         also = "".join(f" (files also at `{sha}`)" for sha in r["also_measured_at"])
+        if r["modified_tree"]:
+            count = len(r["modified_tree"])
+            also += f" ({count} file{'s' if count > 1 else ''} on a modified tree)"
         lines.append(
             f"| [{r['date']}](gpu/{r['folder']}/) | `{r['commit']}`{also} | {r['device'] or '-'} | "
             f"{r['driver'] or '-'} | "
@@ -342,35 +400,65 @@ def _fused_topk_gap(folder: Path) -> dict[tuple[str, int], float]:
 
 
 def moe_rows(folder: Path) -> list[dict]:
-    """A run's MoE-layer rows with the speed-up against a fused top-k: measured where the run's baseline
-    was one (``baseline`` column), otherwise estimated from the same run's selection rows."""
+    """A run's MoE-layer rows with the speed-up against a fused top-k.
+
+    Measured where the run's baseline was one (``baseline`` column); otherwise estimated from the same
+    run's selection rows, or not estimable (``fused`` None), with ``no_estimate`` saying why:
+    ``"no-row"`` (no selection row of the router at that T) or ``"other-topk"`` (the selection rows
+    time another top-k than the layer's, :data:`OTHER_TOPK`).  ``fused_us`` is the fused baseline's
+    time (measured or estimated), ``repeat_gap_us`` how far the baseline timed again in the same case
+    (``baseline_repeat_us``) is from its first timing.
+    """
     gap = _fused_topk_gap(folder)
     rows = []
     for path in sorted(folder.glob("moe_layer*.csv")):
         for row in _read_csv(path):
             pruned, base, tokens = float(row["pruned_us"]), float(row["baseline_us"]), int(row["T"])
+            router = SELECTION_MODEL.get(row["model"], row["model"])
+            no_estimate = None
             if row.get("baseline"):  # the baseline routed by a fused top-k
-                fused, estimated = base / pruned, False
+                fused_us, estimated = base, False
                 torch_topk = (
                     float(row["baseline_torch_topk_us"]) / pruned if row.get("baseline_torch_topk_us") else None
                 )
             else:
-                torch_topk = base / pruned
-                router_gap = gap.get((SELECTION_MODEL.get(row["model"], row["model"]), tokens))
-                fused = None if router_gap is None else (base - router_gap) / pruned
-                estimated = True
+                torch_topk, estimated = base / pruned, True
+                router_gap = gap.get((router, tokens))
+                if router in OTHER_TOPK:
+                    fused_us, no_estimate = None, "other-topk"
+                elif router_gap is None:
+                    fused_us, no_estimate = None, "no-row"
+                else:
+                    fused_us = base - router_gap
+            repeat = row.get("baseline_repeat_us")
             rows.append(
                 {
                     "model": row["model"],
                     "phase": row["phase"],
                     "T": tokens,
                     "policy": row["policy"],
-                    "fused": fused,
+                    "fused": None if fused_us is None else fused_us / pruned,
                     "torch": torch_topk,
                     "estimated": estimated,
+                    "no_estimate": no_estimate,
+                    "pruned_us": pruned,
+                    "fused_us": fused_us,
+                    "repeat_gap_us": abs(float(repeat) - base) if repeat else None,
                 }
             )
     return rows
+
+
+def topk_timed_twice(folder: Path) -> dict[tuple[str, int], float]:
+    """(router, T) -> the spread of a run's timings of one torch-op top-k: the selection benchmark times
+    it once per phase (its decode rows, ``D`` = 1, and its verify rows, ``D`` = 4, of the same T) and per
+    file; every row of one (file, phase) carries the same ``topk_us``.  Only (router, T) timed twice."""
+    timings: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
+    for path in sorted(folder.glob("selection*.csv")):
+        for row in _read_csv(path):
+            key = (row["model"], int(row["T"]))
+            timings.setdefault(key, {})[(path.name, row.get("D", ""))] = float(row["topk_us"])
+    return {key: max(v.values()) - min(v.values()) for key, v in timings.items() if len(v) > 1}
 
 
 def _range(values: list[float], digits: int = 2) -> str:
@@ -380,15 +468,19 @@ def _range(values: list[float], digits: int = 2) -> str:
 POLICY_COLUMNS = ("xshare", "moe-spec", "xshare-spec", "lynx", "xshare-ep")
 
 
+def _not_estimated(rows: list[dict]) -> str:
+    """``n/a``, marked ``†`` where a row is not estimable because its run timed another top-k."""
+    return "n/a†" if any(row["no_estimate"] == "other-topk" for row in rows) else "n/a"
+
+
 def moe_layer_block(records: list[dict]) -> str:
     lines = [
-        "Speed-up of the pruned MoE layer (unpruned time / pruned time; the range over T and settings) per "
-        "run, model and phase, against the unpruned layer routed by a fused top-k, what a user runs (\\*: "
-        "estimated, the run timed a torch-op top-k: its baseline less the same run's median `topk_us - "
-        "none_us` at that router and T; n/a: that run timed no fused top-k for the router). *rows*: the layer "
-        "rows, and in brackets those with no fused figure (their run timed no selection row at their T to "
-        "estimate from): they are left out of the policy ranges and of *< 1x*. *torch*: the range of every "
-        "policy against the torch-op top-k's layer. *< 1x*: rows slower than the fused baseline.",
+        "Speed-up of the pruned MoE layer (unpruned / pruned time, the range over T and settings) against the "
+        "unpruned layer routed by a fused top-k, what a user runs. \\*: estimated, the run's baseline routed "
+        "with torch ops, less its median `topk_us - none_us` at that router and T. n/a: no selection row at "
+        f"that T; n/a†: not estimable, {OTHER_TOPK_NOTE}. *rows*: in brackets those with no fused figure, left "
+        "out of the ranges and of *< 1x* (rows slower than the fused baseline). *torch*: against the torch-op "
+        "top-k's layer.",
         "",
         "| run | model | phase | rows | " + " | ".join(POLICY_COLUMNS) + " | torch | < 1x |",
         "|---|---|---|---:|" + "---|" * len(POLICY_COLUMNS) + "---|---:|",
@@ -404,10 +496,11 @@ def moe_layer_block(records: list[dict]) -> str:
                 mine = [m for m in members if m["policy"] == policy]
                 fused = [m["fused"] for m in mine if m["fused"] is not None]
                 star = "\\*" if fused and any(m["estimated"] for m in mine) else ""
-                cells.append(_range(fused) + star if fused else ("n/a" if mine else "-"))
+                cells.append(_range(fused) + star if fused else (_not_estimated(mine) if mine else "-"))
             torch_topk = [m["torch"] for m in members if m["torch"] is not None]
-            slower = sum(m["fused"] is not None and m["fused"] < 1.0 for m in members)
-            missing = sum(m["fused"] is None for m in members)
+            estimable = [m for m in members if m["fused"] is not None]
+            slower = str(sum(m["fused"] < 1.0 for m in estimable)) if estimable else _not_estimated(members)
+            missing = len(members) - len(estimable)
             count = f"{len(members)} ({missing})" if missing else str(len(members))
             lines.append(
                 f"| `{r['commit']}` | {MODEL_NAMES.get(model, model)} | {phase} | {count} | "
@@ -418,6 +511,31 @@ def moe_layer_block(records: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- README
+def _us(values: list[float]) -> str:
+    return _range(values, 1) if f"{min(values):.1f}" != f"{max(values):.1f}" else f"{min(values):.1f}"
+
+
+def _below_one(layer: list[dict], folder: Path) -> str:
+    """The rows of one run slower than the fused baseline: how many, how far, and the noise of the
+    estimate there (the same torch-op top-k timed twice, those rows' unpruned layer timed twice)."""
+    estimable = [row for row in layer if row["fused"] is not None]
+    slower = [row for row in estimable if row["fused"] < 1.0]
+    if not slower:
+        return f"No row below 1.0x (of {len(estimable)})."
+    text = (
+        f"Below 1.0x ({len(slower)} of {len(estimable)}): {_range([row['fused'] for row in slower])}x, "
+        f"{_us([row['pruned_us'] - row['fused_us'] for row in slower])} µs slower"
+    )
+    twice = topk_timed_twice(folder)
+    noise = [v for (router, _t), v in twice.items() if router not in OTHER_TOPK]
+    repeats = [row["repeat_gap_us"] for row in slower if row["repeat_gap_us"] is not None]
+    if any(row["estimated"] for row in slower) and noise:
+        text += f"; the same torch top-k timed twice in that run differs by up to {max(noise):.1f} µs"
+        if len(repeats) == len(slower):
+            text += f", those rows' unpruned layer by {_us(repeats)} µs"
+    return text + "."
+
+
 def readme_block(records: list[dict]) -> str:
     """The latest timed commit's selection cost and MoE-layer speed-ups, one line per router."""
     runs = _selection_runs(records)
@@ -430,7 +548,7 @@ def readme_block(records: list[dict]) -> str:
     lines = [
         f"Selection cost over a fused top-k (µs per layer call, the range over the policies except the two "
         f"calibrated greedy rankings) at `{latest['commit']}`, and the pruned MoE layer's speed-up at "
-        f"`{widest['commit']}` (the latest run that timed every model's layer), on one NVIDIA H200. Every "
+        f"`{widest['commit']}` (the latest run with every model's layer), on one NVIDIA H200. Every "
         "figure is generated from [docs/gpu/](docs/gpu/) by `scripts/results.py`.",
         "",
         "| router | `none` µs, T=1 | added µs, T=1 | T=8 | T=512 | MoE-layer speed-up, fused top-k baseline "
@@ -438,6 +556,7 @@ def readme_block(records: list[dict]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     greedy = {"moe-spec-coverage", "moe-spec-coact"}
+    left_out: list[str] = []
     for model, name in selection_table.ROUTERS.items():
         rows = [row for row in latest["rows"] if row["model"] == model and row["policy"] not in greedy]
 
@@ -449,18 +568,28 @@ def readme_block(records: list[dict]) -> str:
         models = {model} | {k for k, v in SELECTION_MODEL.items() if v == model}
         speed = [row for row in layer if row["model"] in models]
         fused = [row["fused"] for row in speed if row["fused"] is not None]
-        star = "\\*" if any(row["estimated"] for row in speed) else ""
-        left_out = f" ({len(fused)} of {len(speed)} rows)" if fused and len(fused) < len(speed) else ""
+        if fused:
+            star = "\\*" if any(row["estimated"] for row in speed) else ""
+            slower = sum(value < 1.0 for value in fused)
+            speed_cell = f"{_range(fused)}{star} ({slower} of {len(fused)} < 1.0x)"
+            if len(fused) < len(speed):
+                left_out.append(f"{len(fused)} of {len(speed)} {name} rows")
+        else:
+            speed_cell = _not_estimated(speed) if speed else "-"
         torch_topk = [row["torch"] for row in speed if row["torch"] is not None]
         lines.append(
             f"| {name} | {statistics.median(none):.1f} | {added(1)} | {added(8)} | {added(512)} | "
-            f"{_range(fused)}{star if fused else ''}{left_out} | {_range(torch_topk)} |"
+            f"{speed_cell} | {_range(torch_topk)} |"
         )
     lines += [
         "",
-        "\\* estimated: that run's baseline routed with torch ops, less its `topk_us - none_us`; rows at a T "
-        "with no selection row in that run have no estimate and are left out (counted in brackets).",
+        "\\* estimated: the run's torch-op baseline less its `topk_us - none_us`, at a T with a selection row"
+        + (f" ({'; '.join(left_out)})" if left_out else "")
+        + ". "
+        + _below_one(layer, RUNS / widest["folder"]),
     ]
+    if any(row["no_estimate"] == "other-topk" for row in layer):
+        lines += ["", f"† not estimable: {OTHER_TOPK_NOTE}."]
     return "\n".join(lines)
 
 

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Build the project's serving image on a machine with no GPU and serve from it, as docs/docker.md says.
 #
-#   sudo bash scripts/docker_smoke.sh [--keep-images] [--log-dir DIR]
+#   sudo bash scripts/docker_smoke.sh [--keep-images] [--log-dir DIR] [--min-free-gb GB]
+#
+#   --keep-images     keep the images this run built (a later run reuses the local base)
+#   --log-dir DIR     write smoke.log, summary.json and every other log to DIR (made if missing)
+#                     instead of /tmp/xshare-docker-smoke-<UTC time>-<pid>
+#   --min-free-gb GB  the free space to require on the filesystem of Docker's data folder before
+#                     anything is installed or built, in place of the script's own figure (25 GB,
+#                     or 3 GB when a base kept by --keep-images will be reused); 0 skips the check
+#   Environment: DEBIAN_MIRROR (debootstrap's mirror), HEALTH_TIMEOUT_S (seconds each server has to
+#   answer /health, 900).
 #
 # The official base (lmsysorg/sglang:v0.5.23-cu130) is replaced by a local one: a Debian bookworm root
 # (debootstrap --variant=minbase, docker import) with a system Python 3 and SGLang 0.5.23 from PyPI,
@@ -19,7 +28,8 @@
 # built are removed at the end, also on failure (--keep-images keeps the images; a later run reuses
 # the base).
 # When no Docker daemon answers, one is started (installing Debian's docker.io and debootstrap where
-# missing; this needs root) and stopped at the end; a running daemon is used and left running.
+# missing; this needs root) and stopped at the end; a running daemon is used and left running.  The
+# Debian packages it installs stay installed (docs/docker.md says how to remove them).
 # The checks are scripts/docker/smoke_checks.py; the run's record is DIR/summary.json.
 set -Eeuo pipefail
 
@@ -32,22 +42,52 @@ PRUNER_FLAGS=(--moe-pruner xshare --moe-pruner-k0 1 --moe-pruner-budget 4 --moe-
 BAD_FLAG=--moe-pruner-k0
 BAD_VALUE=-1
 
+# The free space (10^9 bytes) a run needs where Docker keeps its data (docs/docker.md, "Disk"): the
+# base's own layers (10.8 GB) are there twice while the classic builder commits its pip layer (the
+# build container's layer and the image layer made from it), beside the Debian image (0.2 GB), with
+# room to spare; reusing a kept base, only the project's layers (0.16 GB) and the containers'.
+BUILD_ALL_GB=25
+REUSE_BASE_GB=3
+
 KEEP_IMAGES=0
 LOG_DIR=""
+MIN_FREE_GB=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --keep-images) KEEP_IMAGES=1 ;;
         --log-dir) LOG_DIR=${2:?--log-dir needs a folder}; shift ;;
         --log-dir=*) LOG_DIR=${1#--log-dir=} ;;
+        --min-free-gb) MIN_FREE_GB=${2:?--min-free-gb needs a number of GB}; shift ;;
+        --min-free-gb=*) MIN_FREE_GB=${1#--min-free-gb=} ;;
         -h | --help) sed -n '2,/^set -Eeuo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "docker_smoke.sh: unknown argument $1 (allowed: --keep-images, --log-dir DIR)" >&2; exit 2 ;;
+        *) echo "docker_smoke.sh: unknown argument $1 (allowed: --keep-images, --log-dir DIR, --min-free-gb GB)" >&2; exit 2 ;;
     esac
     shift
 done
+if [ -n "$MIN_FREE_GB" ] && ! [[ $MIN_FREE_GB =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+    echo "docker_smoke.sh: --min-free-gb needs a number of GB (0 skips the disk check), not '$MIN_FREE_GB'" >&2
+    exit 2
+fi
 
 # One run at a time on a machine: runs share the daemon, the Debian image and a kept base.
 exec 9> "${TMPDIR:-/tmp}/xshare-docker-smoke.lock"
 flock -n 9 || { echo "docker_smoke.sh: another run holds ${TMPDIR:-/tmp}/xshare-docker-smoke.lock; wait for it" >&2; exit 1; }
+
+# The local base's tag names its content, so a kept base is reused only when nothing in it changed.
+base_tag() {
+    local digest
+    digest=$(cd "$ROOT" && find scripts/docker/cpu-base.Dockerfile xshare_sglang/testing/post_import.py \
+        xshare_sglang/testing/standin -type f ! -path '*__pycache__*' | LC_ALL=C sort | xargs sha256sum \
+        | sha256sum | cut -c1-12)
+    echo "xshare-smoke/cpu-base:$digest"
+}
+
+# Free disk, before anything is installed, made or built: where the running daemon keeps its data, or
+# /var/lib/docker, where the daemon this run starts keeps it.  A failure is one line and leaves nothing.
+DOCKER_ROOT=$(docker info -f '{{.DockerRootDir}}' 2> /dev/null) || DOCKER_ROOT=""
+NEED_GB=$BUILD_ALL_GB
+if [ -n "$DOCKER_ROOT" ] && docker image inspect "$(base_tag)" > /dev/null 2>&1; then NEED_GB=$REUSE_BASE_GB; fi
+DISK_CHECK=$("${CHECKS[@]}" disk "${DOCKER_ROOT:-/var/lib/docker}" "${MIN_FREE_GB:-$NEED_GB}") || exit 1
 
 RUN_ID=$(date -u +%Y%m%dT%H%M%SZ)-$$
 LOG_DIR=${LOG_DIR:-/tmp/xshare-docker-smoke-$RUN_ID}
@@ -117,6 +157,7 @@ record = {
     "storage_driver": driver,
     "daemon_started_by_run": started == "1",
     "cores": os.cpu_count(),
+    "logs": sorted(name for name in os.listdir(log_dir) if name != "summary.json"),
 }
 with open(os.path.join(log_dir, "summary.json"), "w") as out:
     json.dump(record, out, indent=1)
@@ -169,10 +210,19 @@ need_root() {
     [ "$(id -u)" -eq 0 ] || die "$1 needs root (run with sudo)"
 }
 
+# Each install writes its own log, apt-install-<packages>.log; the package lists are updated once a run.
+APT_UPDATED=0
 apt_install() {
-    need_root "installing $*"
-    log "installing Debian packages: $*"
-    logged apt.log env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+    local packages="$*"
+    local file="apt-install-${packages// /+}.log"
+    need_root "installing $packages"
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        logged apt-update.log apt-get update
+        APT_UPDATED=1
+    fi
+    log "installing Debian packages: $packages"
+    logged "$file" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+    log "installed $packages (apt's output: $file); they stay installed after the run"
 }
 
 start_daemon() {
@@ -180,7 +230,7 @@ start_daemon() {
         log "using the running Docker daemon"
     else
         need_root "starting a Docker daemon"
-        command -v dockerd > /dev/null || { logged apt-update.log apt-get update; apt_install docker.io; }
+        command -v dockerd > /dev/null || apt_install docker.io
         # --bridge=none: no docker0 bridge and no NAT rules; the containers use the host's network only.
         dockerd --bridge=none --iptables=false --ip-masq=false --pidfile "$WORK/dockerd.pid" \
             > "$LOG_DIR/dockerd.log" 2>&1 9>&- &
@@ -201,18 +251,9 @@ start_daemon() {
     log "Docker $DOCKER_VERSION, storage driver $DRIVER, $(df -h --output=avail "$(docker info -f '{{.DockerRootDir}}')" | tail -1 | tr -d ' ') free"
 }
 
-# The local base's tag names its content, so a kept base is reused only when nothing in it changed.
-base_tag() {
-    local digest
-    digest=$(cd "$ROOT" && find scripts/docker/cpu-base.Dockerfile xshare_sglang/testing/post_import.py \
-        xshare_sglang/testing/standin -type f ! -path '*__pycache__*' | LC_ALL=C sort | xargs sha256sum \
-        | sha256sum | cut -c1-12)
-    echo "xshare-smoke/cpu-base:$digest"
-}
-
 build_debian_root() {
     need_root "debootstrap"
-    command -v debootstrap > /dev/null || { logged apt-update.log apt-get update; apt_install debootstrap; }
+    command -v debootstrap > /dev/null || apt_install debootstrap
     logged debootstrap.log debootstrap --variant=minbase "$DEBIAN_SUITE" "$WORK/rootfs" "$DEBIAN_MIRROR"
     tar -C "$WORK/rootfs" -c . | docker import - "$DEBIAN_IMAGE" > /dev/null
     rm -rf "$WORK/rootfs"
@@ -336,6 +377,7 @@ run_ab_compare() {
 
 # ------------------------------------------------------------------------------------------------ run
 log "xshare-sglang Docker smoke run $RUN_ID at $(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo '(no git)'); logs in $LOG_DIR"
+echo "$DISK_CHECK"
 step "start or find the Docker daemon" start_daemon
 BASE_IMAGE=$(base_tag)
 if docker image inspect "$BASE_IMAGE" > /dev/null 2>&1; then

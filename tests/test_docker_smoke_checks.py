@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -144,3 +145,48 @@ def test_ab_results_needs_both_arms_served_and_the_candidate_confirmed(tmp_path:
     _write_runs(tmp_path / "unconfirmed", unconfirmed + served)
     with pytest.raises(CheckFailed, match="not confirmed from its log"):
         smoke_checks.ab_results(tmp_path / "unconfirmed", "baseline", "xshare")
+
+
+def _usage(free_bytes: int):
+    """A stand-in for :func:`shutil.disk_usage` that also records the folder it was asked about."""
+    asked: list[Path] = []
+
+    def usage(path: Path):
+        asked.append(Path(path))
+        return shutil.disk_usage("/")._replace(free=free_bytes)
+
+    return usage, asked
+
+
+def test_free_disk_measures_the_nearest_existing_folder(tmp_path: Path, capsys) -> None:
+    usage, asked = _usage(46_300_000_000)
+    assert smoke_checks.free_disk(tmp_path / "lib" / "docker", 25, usage) == pytest.approx(46.3)
+    assert asked == [tmp_path]  # Docker's folder does not exist yet: its parent's filesystem
+    said = capsys.readouterr().out
+    assert said.startswith("check: 46.3 GB free on the filesystem of") and said.rstrip().endswith("needs 25 GB")
+    assert f"(not there yet: measured at {tmp_path})" in said
+    smoke_checks.free_disk(tmp_path, 25, usage)
+    assert asked[-1] == tmp_path and "not there yet" not in capsys.readouterr().out
+
+
+def test_free_disk_fails_in_one_line_naming_free_needed_and_the_override(tmp_path: Path, capsys) -> None:
+    usage, _ = _usage(12_040_000_000)
+    with pytest.raises(CheckFailed) as failure:
+        smoke_checks.free_disk(tmp_path, 25, usage)
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith(f"12.0 GB free on the filesystem of {tmp_path}, the run needs 25 GB")
+    assert "--min-free-gb GB" in message and "0 skips this check" in message
+    # 0 asks for nothing: the free space is still said
+    assert smoke_checks.free_disk(tmp_path, 0, usage) == pytest.approx(12.04)
+    said = capsys.readouterr().out
+    assert said.startswith("check: 12.0 GB free") and "not checked" in said
+
+
+def test_disk_command_exits_1_with_one_line(tmp_path: Path, capsys) -> None:
+    assert smoke_checks.main(["disk", str(tmp_path / "docker"), "0"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
+    assert smoke_checks.main(["disk", str(tmp_path), "1e12"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("check FAILED (disk): ") and "the run needs 1e+12 GB" in captured.err

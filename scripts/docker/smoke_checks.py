@@ -2,12 +2,13 @@
 
 Each subcommand checks one thing about the image or the servers it runs, prints one line saying what it
 saw (``check: ...``), and exits 1 with a line naming what was wrong otherwise (``health`` prints
-nothing: it answers 0 or 1).  Those that talk to the servers (``free-ports``, ``health``,
-``completion``, ``counters``, ``namespace``) run inside the servers' network namespace, in the
-container that holds it; the others read files on the host.
+nothing: it answers 0 or 1).  ``disk`` runs first, before the script installs or builds anything.  Those
+that talk to the servers (``free-ports``, ``health``, ``completion``, ``counters``, ``namespace``) run
+inside the servers' network namespace, in the container that holds it; the others read files on the host.
 
 Usage::
 
+    python3 scripts/docker/smoke_checks.py disk PATH NEED_GB
     python3 scripts/docker/smoke_checks.py free-ports N
     python3 scripts/docker/smoke_checks.py health URL
     python3 scripts/docker/smoke_checks.py proof-line LOG POLICY
@@ -23,14 +24,16 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import random
 import re
+import shutil
 import socket
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 #: Ports handed to the servers: below the kernel's ephemeral range, so that no outgoing connection made
@@ -67,6 +70,40 @@ def http(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple[
 
 
 # ------------------------------------------------------------------------------------------ the checks
+def existing_folder(path: Path) -> Path:
+    """``path`` (made absolute) if it exists, else its nearest parent that does.
+
+    Docker's data folder is not there before a daemon first starts; the filesystem it will be made on
+    is that of its nearest existing parent.
+    """
+    path = Path(os.path.abspath(path))
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def free_disk(path: Path, need_gb: float, usage: Callable = shutil.disk_usage) -> float:
+    """The free space, in 10^9 bytes, on the filesystem that holds ``path``: at least ``need_gb`` (0: any).
+
+    ``usage`` is :func:`shutil.disk_usage` (its ``free``: what ``df`` shows as available).
+    """
+    measured = existing_folder(path)
+    free_gb = usage(measured).free / 1e9
+    where = f"the filesystem of {path}"
+    if measured != Path(os.path.abspath(path)):
+        where += f" (not there yet: measured at {measured})"
+    if need_gb <= 0:
+        say(f"{free_gb:.1f} GB free on {where}; not checked (0 GB asked for)")
+    elif free_gb < need_gb:
+        raise CheckFailed(
+            f"{free_gb:.1f} GB free on {where}, the run needs {need_gb:g} GB; free some, or pass "
+            "--min-free-gb GB to ask for another figure (0 skips this check)"
+        )
+    else:
+        say(f"{free_gb:.1f} GB free on {where}, the run needs {need_gb:g} GB")
+    return free_gb
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports in :data:`PORT_RANGE` that 127.0.0.1 could bind when checked."""
     chosen: list[int] = []
@@ -235,6 +272,9 @@ def ab_results(folder: Path, baseline: str, candidate: str) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    disk = commands.add_parser("disk")
+    disk.add_argument("path", type=Path)
+    disk.add_argument("need_gb", type=float)
     commands.add_parser("free-ports").add_argument("count", type=int)
     commands.add_parser("health").add_argument("url")
     proof = commands.add_parser("proof-line")
@@ -253,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ab.add_argument("candidate")
     args = parser.parse_args(argv)
     try:
-        if args.command == "free-ports":
+        if args.command == "disk":
+            free_disk(args.path, args.need_gb)
+        elif args.command == "free-ports":
             print(" ".join(str(port) for port in free_ports(args.count)))
         elif args.command == "health":
             return 0 if healthy(args.url) else 1

@@ -23,7 +23,7 @@ from tests.strategies import make_logits, routing_call
 from xshare_sglang import PrunerConfig
 from xshare_sglang.calibration_file import REDUNDANCY_BITS, allocate_layer_budgets
 from xshare_sglang.kernels import prune_route
-from xshare_sglang.policies.api import select
+from xshare_sglang.kernels.plan import MAX_KEYED_COACT_TOKENS, PRODUCTION_LIMITS, CallSpec, PlanLimits, plan_call
 from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.greedy import coactivation_add, coverage_add
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
@@ -462,28 +462,71 @@ def test_kernel_coactivation_picks_until_no_gain_then_index_order(
             ], label
 
 
-@pytest.mark.fused_selection
-@pytest.mark.parametrize("num_tokens", [4096, 4097])
-def test_coactivation_keys_at_the_largest_batch(tmp_path, num_tokens: int) -> None:
-    """Up to 4096 tokens the co-activation greedy takes each pick as the maximum of one packed key,
-    gain << 10 | (1023 - e), which holds while a gain is below 2**52: here one expert's probability
-    is close to 1 on every row, so its aggregate is close to the bound (T * 2**24 = 2**36), and ties
-    come from integer logits.  Above 4096 tokens the picks take the gain and its index apart.  Both
-    equal the reference."""
-    from xshare_sglang.kernels.plan import MAX_KEYED_COACT_TOKENS
+#: The co-activation keys' limit lowered to 64 tokens, over programs of several tiles: calls of 64 and
+#: 65 rows take the paths of 4095 and 4097 rows under the production limits (programs of 16 + 16 +
+#: 16 + 16 and 24 + 24 + 17 rows, as 128 x 32 and 102 x 40 + 17).
+KEY_LIMITS = PlanLimits(max_parts=4, max_keyed_coact_tokens=64)
 
-    assert MAX_KEYED_COACT_TOKENS == 4096
+
+def test_coactivation_keys_end_at_4095_tokens(tmp_path) -> None:
+    """The co-activation greedy takes each pick as the maximum of one packed key, gain << 10 | (1023 - e),
+    in calls of up to 4095 tokens, where a gain (an aggregate of at most T * 2**24 times a factor of
+    at most 2**16) is below 2**52 and the key below the 2**62 the warp maxima take (at 4096 tokens it
+    would reach 2**62: one expert holding every row's mass was dropped there); above, as the gain and
+    its index apart.  The plan switches ``COACT_KEYS`` off from the production limit + 1, or from a lowered
+    limit + 1; the other rankings keep it on (one compile)."""
+    assert MAX_KEYED_COACT_TOKENS == PRODUCTION_LIMITS.max_keyed_coact_tokens == 4095
+    assert (
+        ((MAX_KEYED_COACT_TOKENS << 24 << REDUNDANCY_BITS) << 10 | 1023)
+        < 2**62
+        <= ((MAX_KEYED_COACT_TOKENS + 1) << 24 << REDUNDANCY_BITS) << 10
+    )
+    path = _calibration_file(tmp_path, num_layers=1, num_experts=128, seed=5)
+    coact = PrunerConfig(policy="moe-spec", max_experts=24, ranking="coactivation", static_ranking_path=str(path))
+    router_ranking = PrunerConfig(policy="moe-spec", max_experts=24)
+
+    def keys(cfg, num_tokens, limits=PRODUCTION_LIMITS) -> bool:
+        spec = CallSpec(num_tokens, 128, RouterSpec(8, renormalize=True), layer_id=0, limits=limits)
+        (selection,) = [launch for launch in plan_call(cfg, spec).launches if launch.kernel == "select_kernel"]
+        return selection.constexprs["COACT_KEYS"]
+
+    assert [keys(coact, t) for t in (1, 4095, 4096, 4097, 8192)] == [True, True, False, False, False]
+    assert [keys(coact, t, KEY_LIMITS) for t in (1, 64, 65, 4097)] == [True, True, False, False]
+    assert keys(router_ranking, 4097) and keys(router_ranking, 65, KEY_LIMITS)
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("warp_picks", [True, False], ids=["warp_picks", "block_picks"])
+@pytest.mark.parametrize("num_tokens", [64, 65])
+def test_coactivation_keys_up_to_the_limit_and_not_above(tmp_path, num_tokens: int, warp_picks: bool, monkeypatch):
+    """Up to the limit of ``max_keyed_coact_tokens`` tokens the co-activation greedy takes each pick as
+    the maximum of one packed key, above it the gain and its index apart; at the limit (64 here, 4095 in
+    production: the boundary and the keys' magnitude there are test_coactivation_keys_end_at_4095_tokens
+    and test_kernel_primitives.py's test_coactivation_picks_hold_at_the_largest_aggregates) and one
+    above, over several programs, the picks in every warp or block-wide, both equal the reference: one
+    expert's probability close to 1 on every row, ties from integer logits, keep and routing."""
+    from xshare_sglang.kernels import jit
+
     num_experts = 128
     path = _calibration_file(tmp_path, num_layers=2, num_experts=num_experts, seed=5)
     cfg = PrunerConfig(policy="moe-spec", max_experts=24, ranking="coactivation", static_ranking_path=str(path))
     router = RouterSpec(8, renormalize=True)
-    for layer, style in enumerate(["normal", "integers"]):
-        logits = make_logits(num_tokens, num_experts, style, num_tokens + layer)
-        logits[:, 3] = 40.0  # exp(-40) of the others still leaves them shares on the 2**-24 grid
-        want_keep, want_agg = select(routing_call(logits, router, layer_id=layer), cfg)
-        assert int(want_agg.max()) > 2**35  # near the bound of the packed key
-        got = prune_route(routing_call(logits, router, device=DEVICE, layer_id=layer), cfg)
-        assert got.keep.cpu().tolist() == want_keep.tolist(), (num_tokens, style)
+    with _selection_launches(warp_picks, monkeypatch) as launches:
+        for layer, style in enumerate(["normal", "integers"]):
+            logits = make_logits(num_tokens, num_experts, style, num_tokens + layer)
+            # every other row's mass on one expert, the rest's spread, so that redundancy decides the
+            # picks after it; expert 93: a wrong pick is not hidden by the rest going to the lowest indices
+            logits[::2, 3 + 90 * layer] = 40.0
+            want = prune_route_reference(routing_call(logits, router, layer_id=layer), cfg)
+            assert int(want.keep.sum()) == 24
+            launches.clear()
+            got = prune_route(routing_call(logits, router, device=DEVICE, layer_id=layer), cfg, limits=KEY_LIMITS)
+            label = (num_tokens, style)
+            assert [(k["MODE"], k["SINGLE"], k["COACT_KEYS"], k["WARP_PICKS"]) for k in launches] == [
+                (jit.MODE_COACT.value, False, num_tokens <= 64, warp_picks)
+            ], label
+            assert got.keep.cpu().tolist() == want.keep.tolist(), label
+            assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
 
 
 @pytest.mark.fused_selection

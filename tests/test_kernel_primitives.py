@@ -15,7 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from xshare_sglang.kernels.jit import lynx, numerics, rules
+from xshare_sglang.calibration_file import REDUNDANCY_BITS
+from xshare_sglang.kernels.jit import coact, lynx, numerics, rules
+from xshare_sglang.kernels.plan import MAX_KEYED_COACT_TOKENS, MAX_TOKENS
+from xshare_sglang.policies.greedy import coactivation_add
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -229,3 +232,73 @@ def test_lynx_bin_counts_ignore_rows_that_do_not_vote(num_experts: int, rows: in
             want[e, depth] += 1
     want[num_experts:, beta] = voting_rows  # padded experts (logit -inf) sit in the lowest bin
     assert torch.equal(out.cpu(), want)
+
+
+@triton.jit
+def _coact_kernel(
+    agg_ptr,
+    redundancy_ptr,
+    keep_ptr,
+    n,
+    count,
+    COACT_KEYS: tl.constexpr,
+    WARP_PICKS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    WARPS: tl.constexpr,
+):
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < n
+    agg = tl.load(agg_ptr + e, mask=e_ok, other=0)
+    real_rows = tl.full([], 1, tl.int64)
+    keep = coact.coact_rule(agg, count, redundancy_ptr, n, real_rows, e, e_ok, COACT_KEYS, WARP_PICKS, BLOCK_E, WARPS)
+    tl.store(keep_ptr + e, keep.to(tl.int8), mask=e_ok)
+
+
+#: The largest aggregate a call of 4095 tokens (the packed keys' limit) can hold: every row's whole
+#: mass, 2**24, on one expert (a router whose float32 probability rounds to 1 on every row gives it).
+KEYED_LARGEST = MAX_KEYED_COACT_TOKENS << 24
+
+
+@pytest.mark.parametrize(
+    ("coact_keys", "warp_picks", "num_experts", "largest"),
+    [
+        (True, True, 128, KEYED_LARGEST - 1),  # picks in every warp on packed keys below 2**62 ...
+        (True, True, 128, KEYED_LARGEST),  # ... and at the largest a keyed call can hold
+        (True, False, 160, KEYED_LARGEST),  # block-wide packed keys (the A/B of the warp picks)
+        (False, False, 160, MAX_TOKENS << 24),  # above the keys' limit: a (gain, index) maximum
+    ],
+)
+def test_coactivation_picks_hold_at_the_largest_aggregates(coact_keys, warp_picks, num_experts, largest) -> None:
+    """The co-activation greedy's picks equal the reference's with aggregates at ``largest`` and just
+    below, tied at it and inside groups of redundant experts: with the packed keys
+    ``gain << 10 | (1023 - e)`` of a call of up to 4095 tokens (the plan's ``max_keyed_coact_tokens``),
+    which stay below 2**62 there (at 4096 tokens they would reach it, past what the warp maxima
+    take: the limit is 4095), and with a (gain, index) maximum up to MAX_TOKENS tokens.  Interpreted
+    calls stay far below these magnitudes (4096 rows take a minute)."""
+    one = 1 << REDUNDANCY_BITS
+    gen = torch.Generator().manual_seed(num_experts + largest % 7)
+    agg = largest - torch.randint(0, 4, (num_experts,), generator=gen, dtype=torch.int64) * (1 << 20)
+    agg[::5] = largest  # ties at the bound
+    agg[3::11] = torch.randint(0, 1 << 24, agg[3::11].shape, generator=gen, dtype=torch.int64)
+    agg[7::13] = 0  # experts no row scores
+    group = torch.arange(num_experts) // 4  # experts in groups of four always picked together
+    partial = torch.randint(0, one + 1, (num_experts, num_experts), generator=gen, dtype=torch.int32)
+    redundancy = torch.where(group[:, None] == group[None, :], one, torch.minimum(partial, partial.T))
+    redundancy = torch.where(torch.rand(num_experts, num_experts, generator=gen) < 0.7, 0, redundancy)
+    redundancy = torch.maximum(redundancy, redundancy.T).to(torch.int32).contiguous()
+    for count in (1, 5, num_experts // 2, num_experts + 3):
+        want = coactivation_add(agg, redundancy, count, torch.tensor(True))
+        out = _on(torch.full((num_experts,), -1, dtype=torch.int8))
+        _coact_kernel[(1,)](
+            _on(agg),
+            _on(redundancy),
+            out,
+            num_experts,
+            count,
+            COACT_KEYS=coact_keys,
+            WARP_PICKS=warp_picks,
+            BLOCK_E=triton.next_power_of_2(num_experts),
+            WARPS=4,
+            num_warps=4,
+        )
+        assert out.cpu().bool().tolist() == want.tolist(), count

@@ -5,6 +5,12 @@ On CPU the kernels run under TRITON_INTERPRET=1 (set by conftest.py); on a GPU n
 from fixed seeds: every policy on every token count T in {0, 1, 7, 64, 255, 4097} and expert count E
 in {60, 64, 128, 160, 256}, top_k in {1, 2, 4, 8}, softmax / sigmoid / grouped / biased routing,
 odd shapes, T = 0, every token padded, NaN/inf rows, ties, and all three input dtypes.
+
+A T=4097 call takes the interpreter 10-60 s, so on CPU each T=4097 case runs at 65 rows (257 where
+LYNX's order needs base-n digits) with the plan's T-dependent limits lowered (``SMALL_LIMITS``): the
+same kernels and constexprs over several programs of several tiles with a partial last one, as at 4097
+(``test_small_calls_take_the_paths_of_4097_rows`` checks each case); a GPU runs T=4097 itself, and one
+interpreted call of 4097 rows keeps the production limits.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import dataclasses
 import importlib
 import itertools
 import logging
+import math
 import random
 
 import pytest
@@ -31,7 +38,15 @@ from xshare_sglang.kernels import (
     select_keep_mask,
 )
 from xshare_sglang.kernels.jit import numerics
-from xshare_sglang.kernels.plan import COVERAGE_SPLIT_ROWS, MAX_TILE_ROWS, TILE_ELEMENTS
+from xshare_sglang.kernels.plan import (
+    COVERAGE_SPLIT_ROWS,
+    MAX_TILE_ROWS,
+    PRODUCTION_LIMITS,
+    TILE_ELEMENTS,
+    LaunchPlan,
+    PlanLimits,
+    set_rule,
+)
 from xshare_sglang.policies.api import select
 from xshare_sglang.policies.call import RouterSpec
 from xshare_sglang.policies.prune_route import prune_route as prune_route_reference
@@ -48,6 +63,32 @@ ROUTINGS = ["softmax", "sigmoid", "grouped", "biased"]
 #: Routing weights are float32 sums and quotients of float32 exponentials: the kernels' ``exp``
 #: (one hardware instruction on a GPU) and torch's differ by a few ulp.
 WEIGHT_TOLERANCE = dict(atol=2e-6, rtol=2e-5)
+#: The interpreter's stand-in for a T=4097 call (the module docstring): SMALL_T rows, and SMALL_LIMITS
+#: split them over at most 4 programs of several tiles (65 = 24 + 24 + 17 rows at E <= 256, as 4097 =
+#: 102 x 40 + 17); 65 and 4097 leave the same remainder by 3 and by every power of two up to 64 (tiles,
+#: requests of D rows); a co-activation keys' limit of 64 leaves 65 rows without keys, as 4095 leaves 4097.
+LARGE_T, SMALL_T = 4097, 65
+SMALL_LIMITS = PlanLimits(max_parts=4, max_keyed_coact_tokens=64)
+
+
+def _lynx_digits(beta: int, voters: int) -> bool:
+    """Whether LYNX's batch order over ``voters`` voting rows takes base-n digits (``n ** (beta + 1)``
+    from 2**61) rather than one int64 per expert."""
+    return (beta + 1) * math.log2(max(voters, 1)) >= 61
+
+
+def _small_shape(cfg: PrunerConfig) -> tuple[int, PlanLimits]:
+    """The rows and limits a T=4097 case of ``cfg`` runs at under the interpreter: SMALL_T rows, or 257
+    (= 4097 mod 192, as 65) where LYNX's order of 4097 voters takes base-n digits, which 65 cannot."""
+    if cfg.policy == "lynx" and _lynx_digits(cfg.beta, LARGE_T):
+        return 257, SMALL_LIMITS
+    return SMALL_T, SMALL_LIMITS
+
+
+def _interpreted(num_tokens: int, cfg: PrunerConfig, small: bool = DEVICE == "cpu") -> tuple[int, PlanLimits]:
+    """The rows and limits a case of ``num_tokens`` runs at: :func:`_small_shape` for T=4097 when
+    ``small`` (under the interpreter), else ``num_tokens`` under the production limits."""
+    return _small_shape(cfg) if small and num_tokens == LARGE_T else (num_tokens, PRODUCTION_LIMITS)
 
 
 def _random_case(policy: str, num_tokens: int, num_experts: int, seed: int) -> dict:
@@ -102,15 +143,17 @@ def _coverage_cases() -> list[tuple]:
     shapes = list(itertools.product(TOKEN_COUNTS, EXPERT_COUNTS))
     for p, policy in enumerate(POLICIES):
         for i, (num_tokens, num_experts) in enumerate(shapes):
-            if num_tokens == 4097 and num_experts != [64, 160][p % 2]:
-                continue  # the interpreter takes ~10-50 s per T=4097 call: one E per policy
+            if num_tokens == LARGE_T and num_experts != [64, 160][p % 2]:
+                continue  # one E per policy at T=4097
             top_k = TOP_KS[(i + p) % len(TOP_KS)]
             routing = ROUTINGS[(i // len(TOP_KS) + p) % len(ROUTINGS)]
             cases.append((policy, num_tokens, num_experts, top_k, routing))
     return cases
 
 
-def _compare_routing(logits, cfg, router, *, bias=None, as_tensor=True, fill_dropped=False, **fields) -> None:
+def _compare_routing(
+    logits, cfg, router, *, bias=None, as_tensor=True, fill_dropped=False, limits=PRODUCTION_LIMITS, **fields
+) -> None:
     """Kernel against reference: keep and ids exactly, weights within tolerance, metrics exactly."""
     want_metrics = torch.zeros(4, dtype=torch.int64)
     want = prune_route_reference(
@@ -125,6 +168,7 @@ def _compare_routing(logits, cfg, router, *, bias=None, as_tensor=True, fill_dro
         cfg,
         fill_dropped=fill_dropped,
         metrics_row=metrics,
+        limits=limits,
     )
     label = f"{cfg.summary()} {router} T={logits.shape[0]} E={logits.shape[1]} {fields.get('tokens_per_request')}"
     assert got.keep.cpu().tolist() == want.keep.tolist(), label
@@ -133,27 +177,35 @@ def _compare_routing(logits, cfg, router, *, bias=None, as_tensor=True, fill_dro
     assert metrics.cpu().tolist() == want_metrics.tolist(), label
 
 
-@pytest.mark.fused_selection
-@pytest.mark.parametrize(("policy", "num_tokens", "num_experts", "top_k", "routing"), _coverage_cases())
-def test_prune_route_matches_reference(policy, num_tokens, num_experts, top_k, routing) -> None:
+def _prune_route_inputs(policy, num_tokens, num_experts, top_k, routing, small: bool = DEVICE == "cpu") -> dict:
+    """A case of :func:`test_prune_route_matches_reference`: logits, cfg and router, and the keyword
+    arguments of :func:`_compare_routing` (the limits among them); drawn from the seed of
+    ``num_tokens``, on the rows :func:`_interpreted` gives."""
     seed = num_tokens * 7 + num_experts * 13 + top_k
-    case = _random_case(policy, num_tokens, num_experts, seed)
+    rows, limits = _interpreted(num_tokens, _random_case(policy, num_tokens, num_experts, seed)["cfg"], small)
+    case = _random_case(policy, rows, num_experts, seed)  # the same draws; the real-token count relative to rows
     router, bias = _router(routing, top_k, num_experts, seed)
     cfg = dataclasses.replace(
         case["cfg"], k0=min(case["cfg"].k0, top_k), coverage=random.Random(seed).choice(["substitution", "truncation"])
     )
-    logits = make_logits(num_tokens, num_experts, case["style"] if num_tokens < 4097 else "normal", seed)
-    _compare_routing(
-        logits,
-        cfg,
-        router,
+    return dict(
+        logits=make_logits(rows, num_experts, case["style"] if num_tokens < LARGE_T else "normal", seed),
+        cfg=cfg,
+        router=router,
         bias=bias,
         as_tensor=seed % 2 == 0,
         tokens_per_request=min(case["tokens_per_request"], 64),
         num_valid_tokens=case["num_valid"],
         expert_to_rank=case["expert_to_rank"],
         fill_dropped=seed % 3 == 0,
+        limits=limits,
     )
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize(("policy", "num_tokens", "num_experts", "top_k", "routing"), _coverage_cases())
+def test_prune_route_matches_reference(policy, num_tokens, num_experts, top_k, routing) -> None:
+    _compare_routing(**_prune_route_inputs(policy, num_tokens, num_experts, top_k, routing))
 
 
 @pytest.mark.fused_selection
@@ -317,13 +369,14 @@ def test_fallback_is_logged_once_and_correct(caplog) -> None:
     assert torch.equal(second.topk_ids.cpu(), prune_route_reference(routing_call(logits, 4), cfg).topk_ids)
 
 
+@pytest.mark.parametrize("limits", [PRODUCTION_LIMITS, SMALL_LIMITS], ids=["production", "small"])
 @pytest.mark.parametrize("spec", [False, True])
-@pytest.mark.parametrize("num_tokens", [0, 1, 7, 32, 33, 64, 255, 4097, 8192])
+@pytest.mark.parametrize("num_tokens", [0, 1, 7, 32, 33, 64, 65, 255, 4097, 8192])
 @pytest.mark.parametrize("num_experts", [60, 128, 384])
 @pytest.mark.parametrize("tokens_per_request", [1, 3, 64])
-def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens_per_request) -> None:
-    plan = plan_launch(num_tokens, num_experts, tokens_per_request, spec)
-    assert 1 <= plan.num_parts <= 128
+def test_launch_plan_covers_every_row_once(spec, num_tokens, num_experts, tokens_per_request, limits) -> None:
+    plan = plan_launch(num_tokens, num_experts, tokens_per_request, spec, limits=limits)
+    assert 1 <= plan.num_parts <= limits.max_parts
     assert plan.block_experts >= num_experts and plan.block_experts & (plan.block_experts - 1) == 0
     assert plan.num_parts * plan.rows_per_program >= num_tokens  # every row is some program's
     assert (plan.num_parts - 1) * plan.rows_per_program < max(num_tokens, 1)  # and no program is idle
@@ -680,35 +733,42 @@ def _vote_weights(num_tokens: int, seed: int) -> torch.Tensor:
 
 
 VOTE_CASES = [(policy, "batch") for policy in POLICIES] + [("moe-spec", "request")]
+VOTE_SHAPES = [(0, 60), (1, 64), (7, 160), (255, 128), (33, 256), (LARGE_T, 64)]
+
+
+def _vote_inputs(policy, scope, num_tokens, num_experts, small: bool = DEVICE == "cpu") -> dict:
+    """A case of :func:`test_kernel_vote_weights_and_request_scope`: logits, cfg, router, the call's
+    fields and the limits, drawn from the seed of ``num_tokens``, on the rows :func:`_interpreted` gives."""
+    seed = num_tokens * 31 + num_experts
+    rows, limits = _interpreted(num_tokens, _random_case(policy, num_tokens, num_experts, seed)["cfg"], small)
+    case = _random_case(policy, rows, num_experts, seed)
+    cfg = case["cfg"]
+    if policy == "moe-spec":
+        cfg = dataclasses.replace(cfg, scope=scope)
+    fields = dict(
+        tokens_per_request=case["tokens_per_request"],
+        expert_to_rank=case["expert_to_rank"],
+        num_valid_tokens=max(0, rows - 3),
+        token_weights=_vote_weights(rows, seed),
+    )
+    logits = make_logits(rows, num_experts, case["style"], seed)
+    return dict(logits=logits, cfg=cfg, router=RouterSpec(case["top_k"], case["scoring"]), fields=fields, limits=limits)
 
 
 @pytest.mark.fused_selection
 @pytest.mark.parametrize(("policy", "scope"), VOTE_CASES, ids=lambda v: str(v))
-@pytest.mark.parametrize(("num_tokens", "num_experts"), [(0, 60), (1, 64), (7, 160), (255, 128), (33, 256), (4097, 64)])
+@pytest.mark.parametrize(("num_tokens", "num_experts"), VOTE_SHAPES)
 def test_kernel_vote_weights_and_request_scope(policy, scope, num_tokens, num_experts) -> None:
     """Speculative verify: weighted votes (and moe-spec's per-request budgets) agree exactly with the
-    reference, masks and the (kept, total) aggregate both."""
-    seed = num_tokens * 31 + num_experts
-    case = _random_case(policy, num_tokens, num_experts, seed)
-    cfg = case["cfg"]
-    if policy == "moe-spec":
-        cfg = dataclasses.replace(cfg, scope=scope)
-    weights = _vote_weights(num_tokens, seed)
-    num_valid = max(0, num_tokens - 3)
-    router = RouterSpec(case["top_k"], case["scoring"])
-    fields = dict(
-        tokens_per_request=case["tokens_per_request"],
-        expert_to_rank=case["expert_to_rank"],
-        num_valid_tokens=num_valid,
-        token_weights=weights,
-    )
-    logits = make_logits(num_tokens, num_experts, case["style"], seed)
-    if num_tokens < 4097:  # the routing too (under the interpreter a T=4097 routing takes ~20 s)
-        _compare_routing(logits, cfg, router, **fields)
+    reference, masks, routing and the (kept, total) aggregate."""
+    inputs = _vote_inputs(policy, scope, num_tokens, num_experts)
+    logits, cfg, router, fields, limits = (inputs[k] for k in ("logits", "cfg", "router", "fields", "limits"))
+    _compare_routing(logits, cfg, router, limits=limits, **fields)
     keep, aggregate = select(routing_call(logits, router, **fields), cfg)
     stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
-    got = select_keep_mask(routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, stats_out=stats)
-    assert got.cpu().tolist() == keep.tolist(), f"{cfg.summary()} case={case}"
+    call = routing_call(logits, router, device=DEVICE, as_tensor=True, **fields)
+    got = select_keep_mask(call, cfg, stats_out=stats, limits=limits)
+    assert got.cpu().tolist() == keep.tolist(), f"{cfg.summary()} T={logits.shape[0]}"
     if policy != "lynx":
         assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
 
@@ -1314,24 +1374,33 @@ def test_cuda_without_an_index_is_the_current_device(spelling, monkeypatch) -> N
     assert workspace.device == torch.device("cuda", 0)  # what a tensor on cuda:0 reports
 
 
+LYNX_CASES = [
+    (4, 40, 128),  # n**5 < 2**61: one int64 per expert
+    (2, LARGE_T, 64),  # 4097**3 ~ 2**36: one int64, over programs of five tiles
+    (9, 65, 64),  # 65**10 ~ 2**60.2: one int64 near its bound, over several programs
+    (14, 7, 60),  # 7**15 ~ 2**42: still one int64
+    (14, 40, 128),  # 40**15 ~ 2**80: base-n digits
+    (8, 255, 160),  # 255**9 ~ 2**72: base-n digits over several programs
+]
+
+
+def _lynx_inputs(beta, num_tokens, num_experts, small: bool = DEVICE == "cpu") -> dict:
+    """A case of :func:`test_lynx_ranks_exactly_with_and_without_digits`: cfg, rows and limits."""
+    cfg = PrunerConfig(policy="lynx", alpha=1.0, beta=beta)
+    rows, limits = _interpreted(num_tokens, cfg, small)
+    return dict(cfg=cfg, rows=rows, limits=limits)
+
+
 @pytest.mark.fused_selection
-@pytest.mark.parametrize(
-    ("beta", "num_tokens", "num_experts"),
-    [
-        (4, 40, 128),  # n**5 < 2**61: one int64 per expert
-        (2, 4097, 64),  # 4097**3 < 2**61, one program per 64-row tile
-        (14, 7, 60),  # 7**15 ~ 2**42: still one int64
-        (14, 40, 128),  # 40**15 ~ 2**80: base-n digits
-        (8, 255, 160),  # 255**9 ~ 2**72: base-n digits over several programs
-    ],
-)
+@pytest.mark.parametrize(("beta", "num_tokens", "num_experts"), LYNX_CASES)
 def test_lynx_ranks_exactly_with_and_without_digits(beta, num_tokens, num_experts) -> None:
     """LYNX's expert order ``s = sum_t n ** bin`` is one int64 while ``n ** (beta + 1) < 2**61`` and
     base-n digits above; both give the reference's mask and routing, ties included (integer logits)."""
-    cfg = PrunerConfig(policy="lynx", alpha=1.0, beta=beta)
+    inputs = _lynx_inputs(beta, num_tokens, num_experts)
+    assert _lynx_digits(beta, inputs["rows"]) == _lynx_digits(beta, num_tokens)
     for kind in ("normal", "integers"):
-        logits = make_logits(num_tokens, num_experts, kind, seed=beta * 31 + num_tokens)
-        _compare_routing(logits, cfg, 8)
+        logits = make_logits(inputs["rows"], num_experts, kind, seed=beta * 31 + num_tokens)
+        _compare_routing(logits, inputs["cfg"], 8, limits=inputs["limits"])
 
 
 def test_dependent_launch_needs_hopper(monkeypatch) -> None:
@@ -1350,3 +1419,179 @@ def test_dependent_launch_needs_hopper(monkeypatch) -> None:
     plain = prune_route(call, PrunerConfig(policy="xshare", k0=1, budget=8))
     dependent = prune_route(call, PrunerConfig(policy="xshare", k0=1, budget=8), enable_pdl=True)
     assert torch.equal(plain.topk_ids, dependent.topk_ids) and torch.equal(plain.keep, dependent.keep)
+
+
+#: Rules that keep some experts and leave others when one expert holds nearly all of every row's mass.
+PAST_32_BITS = {
+    "oea": PrunerConfig(policy="oea", k0=2),
+    "xshare": PrunerConfig(policy="xshare", k0=1, budget=8),
+    "xshare-capped": PrunerConfig(policy="xshare", k0=2, budget=8, max_experts=5),
+    "xshare-threshold": PrunerConfig(policy="xshare-threshold", k0=1, tau=0.999, score="probs"),
+    "xshare-spec": PrunerConfig(policy="xshare-spec", k0=1, request_budget=2, budget=4),
+    "xshare-ep": PrunerConfig(policy="xshare-ep", k0=1, rank_budget=2),
+    "moe-spec": PrunerConfig(policy="moe-spec", max_experts=9),
+    "moe-spec-topk": PrunerConfig(policy="moe-spec", max_experts=9, score="topk"),
+    "lynx": PrunerConfig(policy="lynx", beta=3, max_experts=6),
+}
+
+
+@pytest.mark.fused_selection
+@pytest.mark.parametrize("rule", sorted(PAST_32_BITS))
+def test_aggregates_past_32_bits_are_exact(rule) -> None:
+    """A large batch's aggregates pass 2**32 (at 4097 rows the total is about 2**36), which the
+    stand-ins of T=4097 do not reach: at 257 rows under SMALL_LIMITS (programs of several tiles, the
+    last partial, as 257 = 4097 mod 192) with expert 3 holding 99.8% of every row's mass, its
+    aggregate and the total pass 2**32 while the other experts' stay apart, and the keep mask (of
+    every policy, a cap included), the (kept, total) stats and the metrics row equal the reference's."""
+    num_tokens, num_experts = 257, 64
+    cfg = PAST_32_BITS[rule]
+    logits = make_logits(num_tokens, num_experts, "normal", seed=4)
+    logits[:, 3] = 11.0
+    ranks = torch.arange(num_experts) % 4
+    fields = dict(tokens_per_request=4, expert_to_rank=ranks)
+    keep, aggregate = select(routing_call(logits, 4, **fields), cfg)
+    assert aggregate[3] > 2**32 and aggregate.sum() > 2**32
+    assert 1 < int(keep.sum()) < num_experts or rule == "oea", int(keep.sum())
+    stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
+    metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    call = routing_call(logits, 4, device=DEVICE, **fields)
+    got = select_keep_mask(call, cfg, stats_out=stats, metrics_row=metrics, limits=SMALL_LIMITS)
+    assert got.cpu().tolist() == keep.tolist()
+    assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
+    assert metrics.cpu().tolist() == selection_metrics(keep, aggregate[keep].sum(), aggregate.sum()).tolist()
+
+
+@pytest.mark.fused_selection
+def test_a_call_of_4097_rows_selects_under_the_production_limits() -> None:
+    """One call of 4097 rows under the production limits, under the interpreter too (where the other
+    T=4097 cases run as stand-ins): the keep mask alone, over 103 programs of five tiles and a last of
+    17 rows, with the aggregates near 2**36 (expert 3 far ahead on half the rows); mask, stats and
+    metrics row equal the reference's."""
+    cfg = PrunerConfig(policy="oea", k0=2)
+    logits = make_logits(LARGE_T, 64, "normal", seed=LARGE_T)
+    logits[::2, 3] = 15.0
+    call = routing_call(logits, 4, num_valid_tokens=LARGE_T - 2)
+    keep, aggregate = select(call, cfg)
+    assert aggregate[3] > 2**34 and aggregate.sum() > 2**35
+    stats = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
+    metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    device_call = routing_call(logits, 4, device=DEVICE, as_tensor=True, num_valid_tokens=LARGE_T - 2)
+    got = select_keep_mask(device_call, cfg, stats_out=stats, metrics_row=metrics)
+    assert got.cpu().tolist() == keep.tolist()
+    assert stats.cpu().tolist() == [int(aggregate[keep].sum()), int(aggregate.sum())]
+    assert metrics.cpu().tolist() == selection_metrics(keep, aggregate[keep].sum(), aggregate.sum()).tolist()
+
+
+# ------------------------------------------------------------------ the stand-ins of T=4097
+
+
+def _path(logits, cfg, router, *, entry="route", bias=None, as_tensor=True, limits=PRODUCTION_LIMITS, **fields) -> dict:
+    """The path one call of :func:`_compare_routing` (``entry="route"``) or of the keep mask with the
+    score totals (``"select"``) takes through the kernels, recorded without running them: each launch's
+    kernel, warps, options and constexprs (not its grid); how the selection's programs and the routing's
+    lay out the rows; and the branches the kernels take on the real-token count."""
+    from xshare_sglang.bench.kernel_manifest import recording
+
+    fill_dropped = fields.pop("fill_dropped", False)
+    call = routing_call(logits, router, correction_bias=bias, as_tensor=as_tensor, **fields)
+    with recording() as launches:
+        if entry == "route":
+            metrics = torch.zeros(4, dtype=torch.int64)
+            prune_route(call, cfg, fill_dropped=fill_dropped, metrics_row=metrics, limits=limits)
+        else:
+            select_keep_mask(call, cfg, stats_out=torch.zeros(2, dtype=torch.int64), limits=limits)
+    num_tokens, num_experts = logits.shape
+    split = plan_for(cfg, num_tokens, num_experts, call.tokens_per_request, limits=limits)
+    # a program's step: a tile of rows, or one request of a per-request policy
+    step = split.rows_per_request if split.rows_per_request < split.rows_per_program else split.chunk_rows
+    last = num_tokens - (split.num_parts - 1) * split.rows_per_program  # the last program's rows
+    num_valid = call.num_valid_tokens
+    num_valid = num_tokens if num_valid is None else int(num_valid if isinstance(num_valid, int) else num_valid[0])
+    real = min(max(num_valid, 0), num_tokens)
+    low, high = cfg.min_tokens or 0, cfg.max_tokens if cfg.max_tokens is not None else math.inf
+    return dict(
+        launches=[(fn.__name__, dict(kwargs)) for fn, _, _, kwargs in launches],
+        layout=dict(
+            programs=min(split.num_parts, 3),  # 3: a first, a middle and a last program
+            steps=min(split.rows_per_program // step, 2),  # 2: several tiles (or requests) a program
+            last_steps=min(-(-last // step), 2),
+            last_partial=last < split.rows_per_program,
+            last_step_partial=last % step != 0,
+            routing_programs=min(split.route_programs, 3),
+            last_routing_tile_partial=num_tokens % split.route_rows != 0,
+        ),
+        branches=dict(
+            real_rows="none" if real == 0 else "some" if real < num_tokens else "all",
+            in_range=low <= real <= high,
+            lynx_digits=cfg.policy == "lynx" and _lynx_digits(cfg.beta, real),
+            candidates_past_count=real * call.top_k > set_rule(cfg, num_tokens, num_experts, call.top_k, None).count,
+        ),
+    )
+
+
+def _large_cases() -> list[tuple[str, tuple]]:
+    """Every T=4097 case that runs as a stand-in under the interpreter: (test, its parameters)."""
+    return (
+        [("prune_route", case) for case in _coverage_cases() if case[1] == LARGE_T]
+        + [("votes", (*case, *shape)) for case in VOTE_CASES for shape in VOTE_SHAPES if shape[0] == LARGE_T]
+        + [("lynx", case) for case in LYNX_CASES if case[1] == LARGE_T]
+    )
+
+
+def _large_case_paths(test: str, params: tuple, small: bool) -> list[dict]:
+    """The paths of one case of ``test`` (every call it makes but the reference's), as
+    :func:`_interpreted` runs it with ``small`` or at T=4097 under the production limits."""
+    if test == "prune_route":
+        return [_path(**_prune_route_inputs(*params, small=small))]
+    if test == "votes":
+        inputs = _vote_inputs(*params, small=small)
+        args = (inputs["logits"], inputs["cfg"], inputs["router"])
+        return [_path(*args, entry=entry, limits=inputs["limits"], **inputs["fields"]) for entry in ("route", "select")]
+    beta, num_tokens, num_experts = params
+    inputs = _lynx_inputs(*params, small=small)
+    logits = make_logits(inputs["rows"], num_experts, "normal", seed=beta * 31 + num_tokens)
+    return [_path(logits, inputs["cfg"], RouterSpec(8), limits=inputs["limits"])]
+
+
+@pytest.mark.parametrize(
+    ("test", "params"), _large_cases(), ids=["-".join(map(str, (test, *params))) for test, params in _large_cases()]
+)
+def test_small_calls_take_the_paths_of_4097_rows(test, params) -> None:
+    """Each T=4097 case the interpreter runs as a stand-in (SMALL_LIMITS on 65 or 257 rows) takes the
+    path of the real call under the production limits, recorded without running a kernel: the same
+    kernels with the same warps, options and constexprs; several programs (a first, a middle and a last)
+    of several tiles or requests, a partial last program of several; the routing over several programs,
+    its last tile partial; and the same branches on the real-token count (padding rows, the token
+    range, LYNX's digits, more candidates than the count).  The real call's plan is such a path."""
+    large = _large_case_paths(test, params, small=False)
+    assert _large_case_paths(test, params, small=True) == large
+    for path in large:
+        assert path["layout"] == dict(
+            programs=3,
+            steps=2,
+            last_steps=2,
+            last_partial=True,
+            last_step_partial=True,
+            routing_programs=3,
+            last_routing_tile_partial=True,
+        ), path["layout"]
+
+
+def test_the_stand_in_of_4097_rows_splits_as_they_do() -> None:
+    """The production limits split 4097 rows of E=64 into 102 programs of 40 rows (five 8-row tiles) and
+    a last of 17 (8 + 8 + 1), routed by 513 programs; SMALL_LIMITS split 65 rows into 24 + 24 + 17,
+    routed by 9.  Per request (D=3, E=160): 124 programs of 11 requests and a last of 1 request and 2
+    rows; 3 of 6 and a last of 3 requests and 2 rows.  The limits may be lowered, never raised."""
+    assert (PRODUCTION_LIMITS.max_parts, PRODUCTION_LIMITS.max_keyed_coact_tokens) == (128, 4095)
+    assert plan_launch(LARGE_T, 64, 1, False) == LaunchPlan(103, 40, 40, 8, 64, 8, 513)
+    assert plan_launch(SMALL_T, 64, 1, False, limits=SMALL_LIMITS) == LaunchPlan(3, 24, 24, 8, 64, 8, 9)
+    assert plan_launch(LARGE_T, 160, 3, True) == LaunchPlan(125, 33, 3, 4, 256, 8, 513)
+    assert plan_launch(SMALL_T, 160, 3, True, limits=SMALL_LIMITS) == LaunchPlan(4, 18, 3, 4, 256, 8, 9)
+    for bad in (
+        dict(max_parts=1),
+        dict(max_parts=129),
+        dict(max_keyed_coact_tokens=4097),
+        dict(max_keyed_coact_tokens=-1),
+    ):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PlanLimits(**bad)

@@ -41,9 +41,11 @@ from .plan import (
     MAX_TOKENS,
     MAX_TOKENS_PER_REQUEST,
     MAX_TOP_K,
+    PRODUCTION_LIMITS,
     SUPPORTED_DTYPES,
     CallPlan,
     CallSpec,
+    PlanLimits,
     per_request_policy,
     plan_call,
 )
@@ -96,8 +98,16 @@ def _report(reason: str) -> None:
         logger.warning("moe-pruner selection uses the torch reference: %s", reason)
 
 
-def call_spec(call: RoutingCall, *, route: bool, fill_dropped: bool, outputs: Outputs, pdl: bool) -> CallSpec:
-    """What :func:`~.plan.plan_call` needs to know of a call and its outputs."""
+def call_spec(
+    call: RoutingCall,
+    *,
+    route: bool,
+    fill_dropped: bool,
+    outputs: Outputs,
+    pdl: bool,
+    limits: PlanLimits = PRODUCTION_LIMITS,
+) -> CallSpec:
+    """What :func:`~.plan.plan_call` needs to know of a call and its outputs (and the plan's limits)."""
     num_tokens, num_experts = call.logits.shape
     metrics = "off" if outputs.metrics_row is None else ("gated" if outputs.metrics_gate is not None else "on")
     return CallSpec(
@@ -115,6 +125,7 @@ def call_spec(call: RoutingCall, *, route: bool, fill_dropped: bool, outputs: Ou
         metrics=metrics,
         stats=outputs.stats_out is not None,
         pdl=pdl,
+        limits=limits,
     )
 
 
@@ -263,6 +274,7 @@ def _launch(
     fill_dropped: bool = False,
     pdl: bool = False,
     workspace: SelectionWorkspace | None,
+    limits: PlanLimits = PRODUCTION_LIMITS,
 ) -> None:
     """Launch the call's kernels on ``workspace`` (the shared one of the device, E and stream when
     None).  The kernels leave the workspace's counters at 0 when they complete; a call that fails
@@ -275,7 +287,8 @@ def _launch(
         raise ValueError(
             f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {call.logits.device}"
         )
-    plan = plan_call(cfg, call_spec(call, route=route, fill_dropped=fill_dropped, outputs=out, pdl=pdl))
+    spec = call_spec(call, route=route, fill_dropped=fill_dropped, outputs=out, pdl=pdl, limits=limits)
+    plan = plan_call(cfg, spec)
     try:
         jit = kernel_module()
         arguments = kernel_arguments(call, cfg, plan, ws, out)
@@ -302,6 +315,7 @@ def prune_route(
     metrics_gate: torch.Tensor | None = None,
     workspace: SelectionWorkspace | None = None,
     enable_pdl: bool = False,
+    limits: PlanLimits = PRODUCTION_LIMITS,
 ) -> PrunedRouting:
     """Keep mask and routing of one MoE layer call, on the device, in one to three launches.
 
@@ -315,6 +329,14 @@ def prune_route(
     follower's launch overlaps the selection.  Inside a CUDA graph the launches become programmatic
     edges.  The results are the same.  Off by default here; the serving plugin turns it on where
     :func:`dependent_launch_supported`.  No effect under Triton's interpreter (which runs no PTX).
+
+    Parameters
+    ----------
+    limits : PlanLimits, optional
+        The plan's limits that depend on T (:class:`~.plan.limits.PlanLimits`; default
+        :data:`~.plan.limits.PRODUCTION_LIMITS`, what every served call uses).  Lower ones make a call
+        of a few dozen rows launch what a served call launches only at thousands (several programs of
+        several tiles each): for tests under Triton's interpreter.  The results are the same.
 
     Returns
     -------
@@ -352,7 +374,7 @@ def prune_route(
     # not under the interpreter, which runs no PTX (read from the environment itself: the
     # compile-only capture of bench.kernel_manifest stands in for _interpreting())
     pdl = enable_pdl and os.environ.get("TRITON_INTERPRET") != "1"
-    _launch(call, cfg, out, route=True, fill_dropped=fill_dropped, pdl=pdl, workspace=workspace)
+    _launch(call, cfg, out, route=True, fill_dropped=fill_dropped, pdl=pdl, workspace=workspace, limits=limits)
     return PrunedRouting(out.ids, out.weights, out.keep)
 
 
@@ -391,6 +413,7 @@ def select_keep_mask(
     metrics_row: torch.Tensor | None = None,
     metrics_gate: torch.Tensor | None = None,
     workspace: SelectionWorkspace | None = None,
+    limits: PlanLimits = PRODUCTION_LIMITS,
 ) -> torch.Tensor:
     """Keep mask of one MoE layer call, computed on the device in one launch.
 
@@ -414,6 +437,8 @@ def select_keep_mask(
         With ``metrics_row``: add them only while this device value is nonzero (see
         :func:`prune_route`).
     workspace : SelectionWorkspace, optional
+    limits : PlanLimits, optional
+        The plan's limits that depend on T, as :func:`prune_route`'s.
 
     Returns
     -------
@@ -441,5 +466,5 @@ def select_keep_mask(
     call.check_config(cfg)
     keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=call.device)
     outputs = Outputs(keep=keep, metrics_row=metrics_row, metrics_gate=metrics_gate, stats_out=stats_out)
-    _launch(call, cfg, outputs, route=False, workspace=workspace)
+    _launch(call, cfg, outputs, route=False, workspace=workspace, limits=limits)
     return keep

@@ -1,7 +1,7 @@
 """The co-activation ranking (moe-spec ``ranking="coactivation"``): greedy on calibrated redundancy.
 
 Each pick keeps the expert of the largest ``agg * (1 - redundancy with the kept set)``, first index on
-ties. Up to 4096 tokens a gain and its index are one int64 key; up to 128 experts every warp picks on
+ties. Up to 4095 tokens a gain and its index are one int64 key; up to 128 experts every warp picks on
 its own copy of the gains (warp-wide maxima, no barrier per pick), above with block-wide maxima. The
 picks stop once no gain is left; the rest of the budget is taken in index order.
 """
@@ -17,7 +17,7 @@ REDUNDANCY_ONE = tl.constexpr(1 << 16)  # 1.0 on the redundancy grid (config.RED
 
 @triton.jit
 def coact_picks(agg, count, redundancy_ptr, num_experts, BLOCK_E: tl.constexpr, WARPS: tl.constexpr):
-    """The co-activation greedy's picks up to 4096 tokens, then the rest of ``count`` in index order
+    """The co-activation greedy's picks up to 4095 tokens, then the rest of ``count`` in index order
     ([BLOCK_E] int32, 1 per kept expert), with no barrier per pick.
 
     Every warp holds all the gains, as two [WARPS, SUB] tiles of copies (a row per warp), takes each
@@ -26,8 +26,8 @@ def coact_picks(agg, count, redundancy_ptr, num_experts, BLOCK_E: tl.constexpr, 
     on the contiguous axis, so the row load lays each row in one warp whatever the compiler's order
     among other axes (int32 rows: up to 128 experts a row, so up to 256 experts).
 
-    Exact as the greedy: a gain is below 2**52 (agg <= T * 2**24 <= 2**36, the factor <= 2**16), so
-    ``gain << 10 | (1023 - e)`` is a key below 2**62 whose maximum is the largest gain at its first
+    Exact as the greedy: a gain is below 2**52 (agg <= T * 2**24 < 2**36 for T <= 4095, the factor
+    <= 2**16), so ``gain << 10 | (1023 - e)`` is a key below 2**62 whose maximum is the largest gain at its first
     index.  A pick is made only while the best gain is positive (gains never grow, so once none is,
     none will be); at most ``min(count, experts with an aggregate)`` steps, as only those can gain.
     The rest are the free experts of the lowest indices, by a running count in each warp."""
@@ -84,7 +84,7 @@ def coact_rule(
     WARPS: tl.constexpr,
 ):
     """The co-activation ranking's keep mask [E] (the module docstring): picks in every warp
-    (``WARP_PICKS``), block-wide maxima of one int64 key (``COACT_KEYS``, up to 4096 tokens), or a
+    (``WARP_PICKS``), block-wide maxima of one int64 key (``COACT_KEYS``, up to 4095 tokens), or a
     (value, index) argmax per pick."""
     # greedy: each step keeps the largest agg * (1 - redundancy with the kept set), first id on ties
     # while some candidate gains: gains never grow, and once every one is zero the reference
@@ -95,7 +95,7 @@ def coact_rule(
     if COACT_KEYS and WARP_PICKS:
         chosen = coact_picks(agg, count, redundancy_ptr, num_experts, BLOCK_E, WARPS)
     elif COACT_KEYS:
-        # block-wide picks (the A/B of WARP_PICKS): up to 4096 tokens gain << 10 | (1023 - e)
+        # block-wide picks (the A/B of WARP_PICKS): up to 4095 tokens gain << 10 | (1023 - e)
         # is one int64 key below 2**62 whose maximum is the largest gain at its first index
         best = tl.max(tl.where(e_ok, ((agg * REDUNDANCY_ONE) << 10) | (1023 - e), -1), axis=0)
         while (taken < count) & ((best >> 10) > 0):

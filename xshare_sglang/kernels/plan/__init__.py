@@ -10,13 +10,18 @@ The call's shape decides the pipeline:
 
 * one program (a tile of at most :data:`MAX_TILE_ROWS` rows, or one request of a per-request policy):
   ``select_kernel`` selects and routes, one launch;
-* above: ``select_kernel`` over up to :data:`MAX_PARTS` programs, then ``lynx_pick_kernel`` (LYNX
+* above: ``select_kernel`` over up to ``max_parts`` programs, then ``lynx_pick_kernel`` (LYNX
   only), then ``route_kernel``; ``none`` and static moe-spec (whose sets need no selection) launch
   ``route_kernel`` alone;
 * 2 to 8 rows of ``none`` or static moe-spec on a router whose groups of 32 route on a warp each
   (DeepSeek-V3): ``route_kernel``, a program per row;
 * the coverage ranking on top-k scores from :data:`COVERAGE_SPLIT_ROWS` rows: two programs and its
   pair sums (zeroed before the call: by ``fill_kernel`` as a dependent launch, else by torch).
+
+The limits that depend on T (``max_parts`` and the co-activation keys' ``max_keyed_coact_tokens``)
+are a :class:`~.limits.PlanLimits`, :data:`~.limits.PRODUCTION_LIMITS` unless the call says
+otherwise (:attr:`CallSpec.limits`): a test lowers them to reach at a few dozen rows what a served
+call reaches at thousands.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import torch
 
 from ...config import PrunerConfig
 from ...policies.call import RouterSpec
+from .limits import MAX_KEYED_COACT_TOKENS as MAX_KEYED_COACT_TOKENS  # re-exported: the production values
+from .limits import MAX_PARTS as MAX_PARTS
+from .limits import PRODUCTION_LIMITS, PlanLimits
 
 # ---------------------------------------------------------------------------------------- limits
 MAX_EXPERTS = 512
@@ -42,9 +50,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # ---------------------------------------------------------------------------------------- layout
 TILE_ELEMENTS = 2048  # a tile of rows holds about this many logits
 MAX_TILE_ROWS = 8  # rows of one tile at most: more programs of fewer rows
-MAX_PARTS = 128  # programs of the selection at most: one wave on an H100's or H200's 132 SMs
 COVERAGE_SPLIT_ROWS = 5  # the coverage ranking on top-k scores takes two programs from this T
-MAX_KEYED_COACT_TOKENS = 4096  # co-activation gains fit one int64 key with the index (gain < 2**52)
 WARP_PICKS_MAX_EXPERTS = 128  # greedy picks in every warp up to this E; block-wide maxima above
 GROUP_WARP_SIZE = 32  # experts of one group that one warp holds, a lane each
 GROUP_WARP_MAX_ROWS = 256  # the routing kernel's rows on a warp per group at most
@@ -101,7 +107,8 @@ class CallSpec:
     """What decides a call's launches: shapes, router and flags, no tensor.
 
     ``metrics`` is ``"off"``, ``"on"`` (a metrics row) or ``"gated"`` (a row and a device gate);
-    ``route`` is False for the select-only entry point; ``stats`` asks for the score totals.
+    ``route`` is False for the select-only entry point; ``stats`` asks for the score totals;
+    ``limits`` are the T-dependent limits (:data:`~.limits.PRODUCTION_LIMITS` but in tests).
     """
 
     num_tokens: int
@@ -118,6 +125,7 @@ class CallSpec:
     metrics: str = "off"
     stats: bool = False
     pdl: bool = False
+    limits: PlanLimits = PRODUCTION_LIMITS
 
     @property
     def has_metrics(self) -> bool:
@@ -203,15 +211,21 @@ def per_request_policy(cfg: PrunerConfig) -> bool:
 
 
 def plan_launch(
-    num_tokens: int, num_experts: int, tokens_per_request: int, per_request: bool, min_parts: int = 1
+    num_tokens: int,
+    num_experts: int,
+    tokens_per_request: int,
+    per_request: bool,
+    min_parts: int = 1,
+    *,
+    limits: PlanLimits = PRODUCTION_LIMITS,
 ) -> LaunchPlan:
-    """Split T tokens over at most :data:`MAX_PARTS` programs; requests never straddle programs.
+    """Split T tokens over at most ``limits.max_parts`` programs; requests never straddle programs.
 
     One program (one launch) only for one tile of rows or one request of a per-request policy: a
     second tile or request run serially costs more than a second launch.  One program's tiles are
     no taller than the call; tiles hold at most :data:`MAX_TILE_ROWS` rows.  ``min_parts`` (not with
     ``per_request``): a call of one tile but at least that many rows is split into that many programs
-    of equal power-of-two tiles instead (see :func:`plan_for`).
+    of equal power-of-two tiles instead (see :func:`plan_for`).  ``limits``: see :class:`~.limits.PlanLimits`.
     """
     block_experts = max(16, next_pow2(num_experts))
     tile = tile_rows(num_experts)
@@ -220,12 +234,12 @@ def plan_launch(
     rows = max(num_tokens, 1)
     if per_request:
         num_requests = max(1, -(-num_tokens // tokens_per_request))
-        requests_per_program = -(-num_requests // MAX_PARTS)
+        requests_per_program = -(-num_requests // limits.max_parts)
         num_parts = -(-num_requests // requests_per_program)
         rows_per_program = requests_per_program * tokens_per_request
         rows_per_request = tokens_per_request
     else:
-        rows_per_program = max(tile, -(-rows // MAX_PARTS))
+        rows_per_program = max(tile, -(-rows // limits.max_parts))
         rows_per_program = -(-rows_per_program // tile) * tile
         num_parts = max(1, -(-num_tokens // rows_per_program))
         if num_parts < min_parts <= num_tokens:
@@ -243,7 +257,14 @@ def plan_launch(
     return LaunchPlan(num_parts, rows_per_program, rows_per_request, chunk, block_experts, tile, route_programs)
 
 
-def plan_for(cfg: PrunerConfig, num_tokens: int, num_experts: int, tokens_per_request: int) -> LaunchPlan:
+def plan_for(
+    cfg: PrunerConfig,
+    num_tokens: int,
+    num_experts: int,
+    tokens_per_request: int,
+    *,
+    limits: PlanLimits = PRODUCTION_LIMITS,
+) -> LaunchPlan:
     """:func:`plan_launch` for ``cfg``: the coverage ranking on top-k scores takes two programs from
     :data:`COVERAGE_SPLIT_ROWS` rows, where its greedy reads one row of pair sums per pick instead of
     recomputing every gain from the tile at each pick (at T <= 4 the tile is small and stays one
@@ -256,7 +277,8 @@ def plan_for(cfg: PrunerConfig, num_tokens: int, num_experts: int, tokens_per_re
         and not per_request
         and num_tokens >= COVERAGE_SPLIT_ROWS
     )
-    return plan_launch(num_tokens, num_experts, tokens_per_request, per_request, min_parts=2 if split else 1)
+    min_parts = 2 if split else 1
+    return plan_launch(num_tokens, num_experts, tokens_per_request, per_request, min_parts, limits=limits)
 
 
 # ---------------------------------------------------------------------------------------- the rule
@@ -390,10 +412,10 @@ def call_split(cfg: PrunerConfig, spec: CallSpec) -> tuple[LaunchPlan, bool]:
     """The call's split and whether static moe-spec routes alone in it: :func:`plan_for`, then, for 2
     to 8 rows that need no selection launch (``none``, static moe-spec routing alone) and can route
     on a warp per expert group, the routing kernel with a program per row."""
-    split = plan_for(cfg, spec.num_tokens, spec.num_experts, spec.tokens_per_request)
+    split = plan_for(cfg, spec.num_tokens, spec.num_experts, spec.tokens_per_request, limits=spec.limits)
     static_rule = routes_static_alone(cfg, spec)
     if spec.route and (cfg.policy == "none" or static_rule) and split.single and spec.num_tokens > 1:
-        rows = plan_launch(spec.num_tokens, spec.num_experts, spec.tokens_per_request, False, min_parts=2)
+        rows = plan_launch(spec.num_tokens, spec.num_experts, spec.tokens_per_request, False, 2, limits=spec.limits)
         if not rows.single and group_warp_routing(spec, cfg, rows):
             split = rows
     return split, static_rule and not split.single
@@ -504,7 +526,7 @@ def plan_call(cfg: PrunerConfig, spec: CallSpec) -> CallPlan:
         COVER_T=cover_tile_rows if coverage else 1,
         COVER_LISTS=cover_lists,
         COVER_PAIRS=cover_pairs,
-        COACT_KEYS=num_tokens <= MAX_KEYED_COACT_TOKENS or rule.mode != Mode.COACT,
+        COACT_KEYS=num_tokens <= spec.limits.max_keyed_coact_tokens or rule.mode != Mode.COACT,
         CHUNK_T=split.chunk_rows,
         KEY_SHIFT=key_shift,
         WARPS=warps,

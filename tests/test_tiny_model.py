@@ -127,8 +127,31 @@ def test_recorded_trace_replays_by_domain(tmp_path) -> None:
     assert none.activated == none.baseline_activated and 4 <= none.activated <= 12
 
 
-def test_demo_quick_end_to_end(tmp_path, capsys) -> None:
+@pytest.fixture
+def torch_threads(monkeypatch):
+    """The demo's thread setting, undone after the test; no ``OMP_NUM_THREADS`` unless the test sets it."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_demo_runs_torch_on_one_thread_unless_told(torch_threads, monkeypatch) -> None:
+    """Two torch threads on a 2-core machine with one core busy took the demo 2.6 times as long as one."""
+    from xshare_sglang.cli import _one_torch_thread
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    _one_torch_thread()
+    assert torch.get_num_threads() == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    _one_torch_thread()
+    assert torch.get_num_threads() == 1
+
+
+def test_demo_quick_end_to_end(tmp_path, capsys, torch_threads) -> None:
     assert main(["demo", "--quick", "--out", str(tmp_path)]) == 0
+    assert torch.get_num_threads() == 1
     printed = capsys.readouterr().out
     assert "tiny MoE decode, every policy" in printed
     rows = json.loads((tmp_path / "demo.json").read_text())

@@ -47,10 +47,23 @@ def _console():
 
 
 def _progress(console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=console,
     )
 
 
@@ -65,6 +78,19 @@ def _configs_file(path: str) -> list[PrunerConfig]:
 
 
 # ----------------------------------------------------------------------------------------- demo
+
+
+def _one_torch_thread() -> None:
+    """Run torch's CPU work on one thread unless ``OMP_NUM_THREADS`` says otherwise: the tiny models'
+    matrices are too small for intra-op threads to pay, and two threads on two cores wait on each
+    other whenever another process takes a core (docs/offline.md, "The demo", has the timings)."""
+    import os
+
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
 
 DEMO_COLUMNS = (
     ("experts", "distinct experts one decode MoE layer call reads, pruned / unpruned"),
@@ -107,6 +133,7 @@ def _demo(args: argparse.Namespace) -> int:
     configs = _configs_file(args.configs) if args.configs else demo_configs(top_k, num_experts, quick=args.quick)
     if configs[0].policy != "none":
         configs = [PrunerConfig(policy="none"), *configs]
+    _one_torch_thread()
     console.print(
         f"[bold]{model_dir.name}[/bold] ({model_config['num_hidden_layers']} layers, {num_experts} experts, "
         f"top-{top_k}): {3 * settings.prompts_per_domain} prompts "

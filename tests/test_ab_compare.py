@@ -2,11 +2,21 @@
 SGLang): it launches the stand-in per arm, the arms' order rotated each repetition, runs SGLang's REAL benchmark client and
 few-shot GSM8K client against it, records, summarizes and plots; arms whose server does not prove the
 plugin active, or crashes during the benchmark, are dropped while the others' results are kept.  The
-summary is recomputed here from the clients' own raw output files."""
+summary is recomputed here from the clients' own raw output files.
+
+The full run starts from an empty working directory, with a relative ``--model-path`` and
+``--output-dir``, and must leave that directory empty: SGLang's clients write files where they run
+(``python -m sglang.benchmark.serving`` appends its result to ``{backend}_{MMDD}_{prompts}_{in}_{out}.jsonl``
+unless ``--output-file`` names one, ``python -m sglang.test.few_shot_gsm8k`` always writes
+``tmp_output_gsm8k.txt``, it has no flag for it), so the tool runs every client in its session's folder
+with absolute paths in its command, the shipped workload's file included.  ``xshare-sglang
+calibrate``'s counterpart is in ``tests/test_static_calibration.py``."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import signal
 import socket
@@ -26,6 +36,7 @@ from tests.standin_server import (
     expected_gsm8k_accuracy,
 )
 from xshare_sglang.provenance import package_commit
+from xshare_sglang.serving.ab import ab_run as ab_runner
 from xshare_sglang.serving.ab.ab_cli import EXIT_ARM_FAILED, main
 from xshare_sglang.serving.ab.ab_report import read_runs
 from xshare_sglang.serving.ab.ab_server import (
@@ -44,20 +55,37 @@ TINY = str(REPO / "xshare_sglang" / "data" / "tiny_moe")
 QUESTIONS = 20
 
 
-def common_flags(out: Path, port: int) -> list[str]:
+#: How often the tests poll a starting server: the tool's 2 s, a wait every session pays, is for SGLang.
+POLL_S = 0.2
+
+
+def common_flags(out: str, port: int, model: str) -> list[str]:
     return [
-        "--model-path", TINY, "--launch-command", STANDIN, "--port", str(port), "--output-dir", str(out),
-        "--dataset", "random-ids", "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "8",
+        "--model-path", model, "--launch-command", STANDIN, "--port", str(port), "--output-dir", out,
+        "--dataset", "mt-bench", "--output-len", "16", "--num-prompts", "8",
         "--gsm8k-questions", str(QUESTIONS), "--gsm8k-shots", "2", "--gsm8k-parallel", "4",
         "--startup-timeout", "60", "--run-timeout", "240", "--stop-timeout", "10",
     ]  # fmt: skip
 
 
+def listing(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
 @pytest.fixture(scope="module")
 def ab_run(tmp_path_factory):
-    """One full run: baseline, a working candidate, one whose plugin 'did not load', one that crashes."""
-    out = tmp_path_factory.mktemp("ab") / "result"
-    arms = out.parent / "arms.yaml"
+    """One full run: baseline, a working candidate, one whose plugin 'did not load', one that crashes;
+    from an empty working directory, with the model and the output folder given relative to it.
+
+    Two of the tool's waits, sized for SGLang's servers (which start in minutes, their plugin line
+    written by scheduler processes), are shortened for the stand-in, which prints that line before it
+    listens: the poll of a starting server (2 s), and how long the tool waits for the plugin's line
+    of the arm whose stand-in never prints one (15 s)."""
+    root = tmp_path_factory.mktemp("ab")
+    cwd, out = root / "cwd", root / "result"
+    cwd.mkdir()
+    (root / "model").symlink_to(TINY, target_is_directory=True)
+    arms = root / "arms.yaml"
     arms.write_text(
         "server_args: --tp 1 --speculative-algorithm EAGLE3 --standin-itl-ms 1 --standin-wrong-every 5\n"
         "arms:\n"
@@ -72,9 +100,22 @@ def ab_run(tmp_path_factory):
         "    pruner: {policy: oea}\n"
         "    server_args: --standin-fail crash-during-bench --standin-crash-after 3\n"
     )
+    port = launch_port()
     started = time.monotonic()
-    code = main([*common_flags(out, launch_port()), "--arms", str(arms), "--concurrency", "4", "--repeats", "2"])
-    return {"out": out, "code": code, "rows": read_runs(out), "wall_s": time.monotonic() - started}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ab_runner, "wait_healthy", functools.partial(wait_healthy, poll_s=POLL_S))
+        patch.setattr(ab_runner, "PROOF_WAIT_S", 1.0)
+        patch.chdir(cwd)
+        flags = common_flags("../result", port, "../model")
+        code = main([*flags, "--arms", str(arms), "--concurrency", "4", "--repeats", "2"])
+    return {
+        "out": out,
+        "cwd": cwd,
+        "port": port,
+        "code": code,
+        "rows": read_runs(out),
+        "wall_s": time.monotonic() - started,
+    }
 
 
 def test_exit_status_and_rotated_order(ab_run):
@@ -91,11 +132,24 @@ def test_exit_status_and_rotated_order(ab_run):
         (6, 2, "crash"),
         (7, 2, "base"),
     ]
-    # every launched server was stopped, and no stand-in outlives the run
+    # every launched server was stopped, and no stand-in or client outlives the run
     stopped = [r for r in ab_run["rows"] if r["record"] == "session" and r["status"] == "stopped"]
     assert sorted(r["session"] for r in stopped) == [0, 1, 2, 3, 4, 7]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(ab_run["out"]) not in ps
+    port = f"--port {ab_run['port']} "
+    assert not [line for line in ps.splitlines() if "standin_server.py" in line and port in line + " "]
+
+
+def test_leaves_the_working_directory_empty(ab_run):
+    """Nothing in the user's working directory; each client's files in its session's folder, under
+    ``--output-dir``, and no result file under the client's own default name anywhere."""
+    assert listing(ab_run["cwd"]) == [], f"left in the working directory: {listing(ab_run['cwd'])}"
+    out = ab_run["out"]
+    for session in ("000-r1-base", "001-r1-xshare", "004-r2-xshare", "007-r2-base"):
+        files = set(os.listdir(out / "runs" / session))
+        assert {"serving-mt-bench-c4.jsonl", "tmp_output_gsm8k.txt"} <= files, files
+    assert not list(out.parent.glob("sglang_*.jsonl")) and not list(out.rglob("sglang_*.jsonl"))
 
 
 def test_failed_arms_are_reported_and_dropped(ab_run):
@@ -123,7 +177,7 @@ def test_records_hold_what_the_clients_and_server_reported(ab_run):
     )
     for row in serving:
         assert row["metrics"]["completed"] == 8 and row["metrics"]["total_output_tokens"] == 8 * 16
-        raw = json.loads(Path(row["raw"]).read_text().splitlines()[-1])
+        raw = json.loads((ab_run["cwd"] / row["raw"]).read_text().splitlines()[-1])  # relative to where it ran
         assert row["metrics"]["output_throughput"] == raw["output_throughput"]
         expected_accept = STANDIN_ACCEPT_LENGTH if row["arm"] == "base" else STANDIN_PRUNED_ACCEPT_LENGTH
         assert row["metrics"]["accept_length"] == expected_accept
@@ -134,7 +188,7 @@ def test_records_hold_what_the_clients_and_server_reported(ab_run):
         else:
             assert row["pruner_metrics"] is None
         assert row["server_argv"][row["server_argv"].index("--port") + 1] in row["url"]
-        assert row["versions"]["sglang"] == "0.5.23" and row["model_path"] == TINY
+        assert row["versions"]["sglang"] == "0.5.23" and row["model_path"] == "../model"
         assert row["git_sha"] == package_commit()
     accuracy = {(r["arm"], r["repeat"]): r["metrics"]["accuracy"] for r in ok if r["record"] == "accuracy"}
     assert accuracy == {
@@ -152,7 +206,7 @@ def test_records_hold_what_the_clients_and_server_reported(ab_run):
 def test_summary_recomputed_from_raw_client_outputs(ab_run):
     out = ab_run["out"]
     tput = {}
-    for path in (out / "runs").glob("*/serving-random-ids-c*.jsonl"):
+    for path in (out / "runs").glob("*/serving-mt-bench-c*.jsonl"):
         session = path.parent.name  # NNN-rR-ARM
         _, rep, arm = session.split("-", 2)
         concurrency = int(re.search(r"-c(\d+)\.jsonl$", path.name).group(1))
@@ -182,7 +236,7 @@ def test_summary_recomputed_from_raw_client_outputs(ab_run):
 
 
 def test_plots_written(ab_run):
-    for name in ("throughput_random-ids.png", "pareto_random-ids.png"):
+    for name in ("throughput_mt-bench.png", "pareto_mt-bench.png"):
         data = (ab_run["out"] / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
@@ -193,7 +247,7 @@ def test_report_rebuilds_the_same_summary(ab_run, capsys):
     (out / "summary.md").unlink()
     assert main(["--report", str(out)]) == 0
     assert (out / "summary.md").read_text() == before
-    assert "## Serving: random-ids" in capsys.readouterr().out
+    assert "## Serving: mt-bench" in capsys.readouterr().out
 
 
 def test_url_mode_uses_servers_it_did_not_start(tmp_path):
@@ -211,7 +265,7 @@ def test_url_mode_uses_servers_it_did_not_start(tmp_path):
             servers.append(server)
             ports[name] = port
         for server, port in zip(servers, ports.values(), strict=True):
-            assert wait_healthy(f"http://127.0.0.1:{port}", 30, alive=server.exit_reason) is None
+            assert wait_healthy(f"http://127.0.0.1:{port}", 30, alive=server.exit_reason, poll_s=POLL_S) is None
         out = tmp_path / "out"
         code = main(
             [

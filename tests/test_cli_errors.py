@@ -1,14 +1,16 @@
 """Bad files and bad arguments on the command line: exit 2 and one line naming the file or the flag.
 
-Each case runs ``xshare-sglang`` in a subprocess as a user would and checks the exit status, the
+Each case runs ``python -m xshare_sglang`` in a process of its own and checks the exit status, the
 message, the absence of a traceback, and that torch's advice to load without ``weights_only`` (which
-would run code from the file) is never passed on.
+would run code from the file) is never passed on.  Most of such a process's time is its imports (torch,
+SGLang): a few cases of each kind start a fresh interpreter as a user would, the others are forked
+from one that imported the same modules and ran nothing (``tests/forked_runs.py``).
 
 The server's launcher is held to the same rule: SGLang's own launcher with the plugin
 (``python -m xshare_sglang.testing.cpu_server``, the shipped tiny model: 32 experts, top-4) refuses a
 bad pruner setting, and one that contradicts the model's ``config.json``, at argument parsing, with
-one line and none of the parser's usage text.  The checks against the model's routing shape are also
-tested alone, with numbers.
+one line and none of the parser's usage text, the same way.  The checks against the model's
+routing shape are also tested alone, with numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.forked_runs import run_forked
 from xshare_sglang import PrunerConfig
 from xshare_sglang.errors import ConfigError
 from xshare_sglang.replay.route_csv import bundled_trace_path
@@ -36,6 +39,7 @@ from xshare_sglang.sglang_plugin.model_shape import (
     routing_shape,
     shape_refusal,
 )
+from xshare_sglang.testing.cpu_server import cpu_server_command, cpu_server_env
 from xshare_sglang.tiny.tiny_model import tiny_model_dir
 
 pytestmark = pytest.mark.cli_errors
@@ -73,40 +77,64 @@ def files(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(
-    ("argv", "needles"),
-    [
-        (["replay", "--trace", "cut.route.csv"], ["cut.route.csv", "line", "cut short"]),
-        (["verify", "--trace", "cut.route.csv"], ["cut.route.csv", "line", "cut short"]),
-        (["convert", "cut.route.csv", "out.pt"], ["cut.route.csv", "line", "cut short"]),
-        (["convert", "missing.route.csv", "out.pt"], ["missing.route.csv", "no such file"]),
-        (["replay", "--trace", "pickled.pt"], ["pickled.pt", "could run code"]),
-        (["replay", "--trace", "empty.pt"], ["empty.pt", "empty"]),
-        (["replay", "--trace", "cut.pt"], ["cut.pt", "cut short"]),
-        (["calibrate", "--from-trace", "cut.pt"], ["cut.pt", "cut short"]),
-        (["calibrate", "--from-dump", "pickled.pt"], ["pickled.pt", "could run code"]),
-    ],
-)
-def test_bad_files_name_the_file(files, argv, needles) -> None:
-    _assert_clean_error(_run(*argv, cwd=files), *needles)
+FILE_CASES = [
+    (["replay", "--trace", "cut.route.csv"], ["cut.route.csv", "line", "cut short"]),
+    (["verify", "--trace", "cut.route.csv"], ["cut.route.csv", "line", "cut short"]),
+    (["convert", "cut.route.csv", "out.pt"], ["cut.route.csv", "line", "cut short"]),
+    (["convert", "missing.route.csv", "out.pt"], ["missing.route.csv", "no such file"]),
+    (["replay", "--trace", "pickled.pt"], ["pickled.pt", "could run code"]),
+    (["replay", "--trace", "empty.pt"], ["empty.pt", "empty"]),
+    (["replay", "--trace", "cut.pt"], ["cut.pt", "cut short"]),
+    (["calibrate", "--from-trace", "cut.pt"], ["cut.pt", "cut short"]),
+    (["calibrate", "--from-dump", "pickled.pt"], ["pickled.pt", "could run code"]),
+]
+ARGUMENT_CASES = [
+    (["spec-eval", "--requests", "0"], ["--requests 0", ">= 1"]),
+    (["spec-eval", "--budgets", "0"], ["--budgets", "[1, 7]"]),
+    (["spec-eval", "--budgets", "99"], ["--budgets", "[1, 7]"]),
+    (["spec-eval", "--new-tokens", "0"], ["--new-tokens 0"]),
+    (["replay", "--shapes", "1000x1"], ["--shapes 1000x1", "at most"]),
+    (["replay", "--shapes", "8x0"], ["--shapes 8x0", ">= 1"]),
+    (["verify", "--shapes", "300x4"], ["--shapes 300x4", "at most"]),
+    (["replay", "--configs", "configs.json"], ["policy='bogus'", "choose one of"]),
+    (["quality", "--study", "--configs", "configs.json"], ["--study and --configs"]),
+]
+#: Cases run as a user runs them, ``python -m xshare_sglang ...`` in a fresh interpreter: a file whose
+#: content is refused (a route CSV cut short; pickled code, which torch's advice would load), a flag
+#: value refused, a settings file whose content is refused.  Each of the others runs the same command
+#: in a process of its own too, forked after one import of torch and the package
+#: (``tests/forked_runs.py``).
+OWN_PROCESS_CLI = (("file", 0), ("file", 4), ("argument", 0), ("argument", 7))
 
 
-@pytest.mark.parametrize(
-    ("argv", "needles"),
-    [
-        (["spec-eval", "--requests", "0"], ["--requests 0", ">= 1"]),
-        (["spec-eval", "--budgets", "0"], ["--budgets", "[1, 7]"]),
-        (["spec-eval", "--budgets", "99"], ["--budgets", "[1, 7]"]),
-        (["spec-eval", "--new-tokens", "0"], ["--new-tokens 0"]),
-        (["replay", "--shapes", "1000x1"], ["--shapes 1000x1", "at most"]),
-        (["replay", "--shapes", "8x0"], ["--shapes 8x0", ">= 1"]),
-        (["verify", "--shapes", "300x4"], ["--shapes 300x4", "at most"]),
-        (["replay", "--configs", "configs.json"], ["policy='bogus'", "choose one of"]),
-        (["quality", "--study", "--configs", "configs.json"], ["--study and --configs"]),
-    ],
-)
-def test_bad_arguments_name_the_flag_before_any_work(files, argv, needles) -> None:
-    result = _run(*argv, cwd=files)
+@pytest.fixture(scope="module")
+def forked_cli(files, tmp_path_factory) -> dict[str, dict]:
+    """Every case of :data:`FILE_CASES` and :data:`ARGUMENT_CASES` not in :data:`OWN_PROCESS_CLI`, as
+    ``python -m xshare_sglang`` in a forked process, by ``kind-index``."""
+    cases = {}
+    for kind, table in (("file", FILE_CASES), ("argument", ARGUMENT_CASES)):
+        for index, (argv, _) in enumerate(table):
+            if (kind, index) not in OWN_PROCESS_CLI:
+                cases[f"{kind}-{index}"] = {"module": "xshare_sglang", "args": argv, "cwd": str(files)}
+    return run_forked(cases, tmp_path_factory.mktemp("cli-runs"), timeout_s=300)
+
+
+def _run_case(kind: str, table: list, argv: list[str], needles: list[str], files: Path, request):
+    index = table.index((argv, needles))
+    if (kind, index) in OWN_PROCESS_CLI:
+        return _run(*argv, cwd=files)
+    forked = request.getfixturevalue("forked_cli")[f"{kind}-{index}"]
+    return subprocess.CompletedProcess(argv, forked["returncode"], forked["stdout"], forked["stderr"])
+
+
+@pytest.mark.parametrize(("argv", "needles"), FILE_CASES)
+def test_bad_files_name_the_file(files, argv, needles, request) -> None:
+    _assert_clean_error(_run_case("file", FILE_CASES, argv, needles, files, request), *needles)
+
+
+@pytest.mark.parametrize(("argv", "needles"), ARGUMENT_CASES)
+def test_bad_arguments_name_the_flag_before_any_work(files, argv, needles, request) -> None:
+    result = _run_case("argument", ARGUMENT_CASES, argv, needles, files, request)
     _assert_clean_error(result, *needles)
     assert "k_max=" not in result.stdout and "configurations" not in result.stdout  # nothing was run
 
@@ -142,62 +170,121 @@ def server_files(tmp_path_factory) -> dict[str, str]:
 
 STATIC = ["--moe-pruner", "moe-spec", "--moe-pruner-max-experts", "4", "--moe-pruner-ranking", "static"]
 
+#: name -> (flags, what the error line must name, marks).
+LAUNCH_CASES = {
+    "k0-above-top-k": (
+        ["--moe-pruner", "xshare", "--moe-pruner-k0", "8"],
+        ["--moe-pruner-k0", "k0=8", "top_k=4", "config.json"],
+        (),
+    ),
+    "k0-above-top-k-in-config-file": (
+        ["--moe-pruner-config", "{k0_config}"],
+        ["--moe-pruner-config", "k0=6", "top_k=4"],
+        (),
+    ),
+    "ranking-of-other-width": (
+        [*STATIC, "--moe-pruner-static-ranking-path", "{narrow}"],
+        ["--moe-pruner-static-ranking-path", "ranks 16 experts per layer, the model has 32"],
+        (),
+    ),
+    "ranking-of-too-few-layers": (
+        [*STATIC, "--moe-pruner-static-ranking-path", "{short}"],
+        ["--moe-pruner-static-ranking-path", "has 2 layers, but the model has MoE layer 3"],
+        (),
+    ),
+    "unknown-policy": (["--moe-pruner", "bogus"], ["--moe-pruner", "'bogus'", "choose from"], ()),
+    "negative-budget": (
+        ["--moe-pruner", "xshare", "--moe-pruner-budget", "-3"],
+        ["--moe-pruner-budget", "-3", ">= 0"],
+        (),
+    ),
+    "depth-decay-not-a-number": (
+        ["--moe-pruner", "xshare", "--moe-pruner-depth-decay", "x"],
+        ["--moe-pruner-depth-decay", "'x'"],
+        (),
+    ),
+    "config-file-not-json": (
+        ["--moe-pruner-config", "{bad_config}"],
+        ["--moe-pruner-config", "bad.json", "not valid JSON"],
+        (),
+    ),
+    "unsupported-mode": (
+        ["--moe-pruner", "xshare", "--enable-torch-compile"],
+        ["--moe-pruner", "--enable-torch-compile"],
+        (),
+    ),
+    "negative-k0": (
+        ["--moe-pruner", "xshare", "--moe-pruner-k0", "-1"],
+        ["--moe-pruner-k0", "must be >= 0, got -1"],
+        (),
+    ),
+    "moe-spec-without-budget": (
+        ["--moe-pruner", "moe-spec"],
+        ["--moe-pruner-max-experts", "'moe-spec' needs max_experts"],
+        (),
+    ),
+    "attention-dp": (
+        ["--moe-pruner", "xshare", "--tp-size", "2", "--attn-dp-size", "2"],
+        ["--moe-pruner", "attention data parallelism", "--attn-dp-size", "--moe-a2a-backend deepep"],
+        (pytest.mark.sglang_modes,),
+    ),
+}
+#: One case of each kind of refusal is started as a user starts it, ``python -m
+#: xshare_sglang.testing.cpu_server`` (which becomes SGLang's launcher): a value the flag itself refuses
+#: while SGLang parses, settings that do not validate together, a serving mode the pruner cannot
+#: honour (its two ranks also give it an environment of its own), a setting the model's
+#: ``config.json`` contradicts.  Each of the other cases runs SGLang's launcher on the command line
+#: the CPU server builds, in a process of its own too, forked after one import of SGLang
+#: (``tests/forked_runs.py``).
+OWN_PROCESS = ("unknown-policy", "moe-spec-without-budget", "attention-dp", "k0-above-top-k")
+
+
+def _launch_argv(name: str, server_files: dict[str, str]) -> list[str]:
+    return [flag.format(**server_files) for flag in LAUNCH_CASES[name][0]]
+
+
+@pytest.fixture(scope="module")
+def forked_launches(server_files, tmp_path_factory) -> dict[str, dict]:
+    """The cases not in :data:`OWN_PROCESS`, each run by SGLang's launcher in a forked process."""
+    folder = tmp_path_factory.mktemp("launches")
+    env = cpu_server_env()
+    cases = {}
+    for name in LAUNCH_CASES:
+        if name in OWN_PROCESS:
+            continue
+        argv = _launch_argv(name, server_files)
+        command = cpu_server_command(argv)
+        assert command[1:3] == ["-m", "sglang.launch_server"], command
+        assert cpu_server_env(argv=argv) == env, f"{name} needs an environment of its own: add it to OWN_PROCESS"
+        (folder / name).mkdir()
+        cases[name] = {"module": "sglang.launch_server", "args": command[3:], "cwd": str(folder / name)}
+    return run_forked(cases, folder / "output", env, timeout_s=REFUSAL_TIMEOUT_S)
+
 
 @pytest.mark.sglang
 @pytest.mark.parametrize(
-    ("flags", "needles"),
-    [
-        (["--moe-pruner", "xshare", "--moe-pruner-k0", "8"], ["--moe-pruner-k0", "k0=8", "top_k=4", "config.json"]),
-        (["--moe-pruner-config", "{k0_config}"], ["--moe-pruner-config", "k0=6", "top_k=4"]),
-        (
-            [*STATIC, "--moe-pruner-static-ranking-path", "{narrow}"],
-            ["--moe-pruner-static-ranking-path", "ranks 16 experts per layer, the model has 32"],
-        ),
-        (
-            [*STATIC, "--moe-pruner-static-ranking-path", "{short}"],
-            ["--moe-pruner-static-ranking-path", "has 2 layers, but the model has MoE layer 3"],
-        ),
-        (["--moe-pruner", "bogus"], ["--moe-pruner", "'bogus'", "choose from"]),
-        (["--moe-pruner", "xshare", "--moe-pruner-budget", "-3"], ["--moe-pruner-budget", "-3", ">= 0"]),
-        (["--moe-pruner", "xshare", "--moe-pruner-depth-decay", "x"], ["--moe-pruner-depth-decay", "'x'"]),
-        (["--moe-pruner-config", "{bad_config}"], ["--moe-pruner-config", "bad.json", "not valid JSON"]),
-        (["--moe-pruner", "xshare", "--enable-torch-compile"], ["--moe-pruner", "--enable-torch-compile"]),
-        (["--moe-pruner", "xshare", "--moe-pruner-k0", "-1"], ["--moe-pruner-k0", "must be >= 0, got -1"]),
-        (["--moe-pruner", "moe-spec"], ["--moe-pruner-max-experts", "'moe-spec' needs max_experts"]),
-        pytest.param(
-            ["--moe-pruner", "xshare", "--tp-size", "2", "--attn-dp-size", "2"],
-            ["--moe-pruner", "attention data parallelism", "--attn-dp-size", "--moe-a2a-backend deepep"],
-            marks=pytest.mark.sglang_modes,
-        ),
-    ],
-    ids=[
-        "k0-above-top-k",
-        "k0-above-top-k-in-config-file",
-        "ranking-of-other-width",
-        "ranking-of-too-few-layers",
-        "unknown-policy",
-        "negative-budget",
-        "depth-decay-not-a-number",
-        "config-file-not-json",
-        "unsupported-mode",
-        "negative-k0",
-        "moe-spec-without-budget",
-        "attention-dp",
-    ],
+    ("name", "needles"),
+    [pytest.param(name, needles, marks=marks, id=name) for name, (_, needles, marks) in LAUNCH_CASES.items()],
 )
-def test_launcher_refuses_a_bad_setting_in_one_line(server_files, flags, needles, tmp_path) -> None:
+def test_launcher_refuses_a_bad_setting_in_one_line(server_files, name, needles, request, tmp_path) -> None:
     """SGLang's launcher stops at argument parsing, before any process is spawned: exit code 2, one
     error line naming the flag, the value and what is allowed, and no usage text or traceback."""
-    argv = [flag.format(**server_files) for flag in flags]
-    start = time.monotonic()
-    result = subprocess.run([*LAUNCH, *argv], capture_output=True, text=True, timeout=REFUSAL_TIMEOUT_S, cwd=tmp_path)
-    elapsed = time.monotonic() - start
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    lines = result.stderr.splitlines()
+    if name in OWN_PROCESS:
+        argv = _launch_argv(name, server_files)
+        start = time.monotonic()
+        result = subprocess.run(
+            [*LAUNCH, *argv], capture_output=True, text=True, timeout=REFUSAL_TIMEOUT_S, cwd=tmp_path
+        )
+        returncode, stderr, elapsed = result.returncode, result.stderr, time.monotonic() - start
+    else:
+        forked = request.getfixturevalue("forked_launches")[name]
+        returncode, stderr, elapsed = forked["returncode"], forked["stderr"], forked["seconds"]
+    assert returncode == 2, (returncode, stderr[-3000:])
+    lines = stderr.splitlines()
     errors = [line for line in lines if "error:" in line]
-    assert len(errors) == 1, result.stderr[-3000:]
-    assert not any(line.startswith("usage:") for line in lines), result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
+    assert len(errors) == 1, stderr[-3000:]
+    assert not any(line.startswith("usage:") for line in lines), stderr[-3000:]
+    assert "Traceback" not in stderr
     line = errors[0]
     assert line.startswith("sglang serve: error: ") and line.endswith(HELP_HINT), line
     assert lines[-1] == line, "nothing may run after the refusal"

@@ -32,7 +32,54 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICIES = [*CONFIG_POLICIES, "moe-spec-coverage", "moe-spec-coverage-probs"]
 
 
-def _compile(cases: list[dict]) -> list[dict]:
+def _case(tokens, policy="xshare", router="softmax", top_k=8, fill=False, metrics=True, **extra) -> dict:
+    case = dict(tokens=tokens, experts=128, policy=policy, router=router, top_k=top_k, fill=fill, metrics=metrics)
+    return {**case, **extra}
+
+
+RETAINED_MASS_CASES = [_case(64), _case(7), _case(7, metrics=False), _case(64, "oea")]
+METRICS_POLICIES = ("none", "xshare", "moe-spec")
+METRICS_CASES = [_case(7, policy, metrics=metrics) for policy in METRICS_POLICIES for metrics in (True, False)]
+TICKET_CASES = [_case(64, policy, metrics=metrics) for policy in ("none", "xshare") for metrics in (True, False)]
+_routers = itertools.cycle(["softmax", "sigmoid", "grouped", "biased"])
+FAMILY_CASES = [
+    _case(tokens, policy, next(_routers), top_k, fill, metrics=top_k != 2)
+    for policy in POLICIES
+    for tokens, (top_k, fill) in itertools.product((7, 64), ((1, True), (2, False), (8, True), (16, False)))
+]
+UNEVEN_CASES = [
+    _case(tokens, policy, router, 8, fill, experts=experts)
+    for (tokens, policy, router, experts, fill) in [
+        (1, "none", "biased", 160, False),
+        (64, "none", "biased", 160, True),
+        (7, "xshare", "grouped", 160, False),
+        (1, "oea", "biased", 384, True),
+        (64, "lynx", "biased", 384, False),
+        (64, "moe-spec", "grouped", 512, False),
+        (7, "none", "sigmoid", 512, False),
+    ]
+]
+PDL_CASES = [
+    _case(64, pdl=True),
+    _case(64, "lynx", pdl=True),
+    _case(7, pdl=True),
+    _case(64),
+    _case(7, "lynx"),
+    _case(64, "moe-spec-coverage", pdl=True),
+]
+ALL_CASES = [*RETAINED_MASS_CASES, *METRICS_CASES, *TICKET_CASES, *FAMILY_CASES, *UNEVEN_CASES, *PDL_CASES]
+
+
+def _key(case: dict) -> str:
+    return json.dumps(case, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict]:
+    """Every case of this module compiled for sm_90 in one process (``tests/compile_sm90.py``, without
+    ``TRITON_INTERPRET``), each distinct case once: ``{_key(case): {kernel: {ptx op: count}}}`` or
+    ``{"error": message}`` for a case that does not compile."""
+    cases = list({_key(case): case for case in ALL_CASES}.values())
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
     result = subprocess.run(
@@ -41,20 +88,20 @@ def _compile(cases: list[dict]) -> list[dict]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=1800,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    return {_key(case): out for case, out in zip(cases, results, strict=True)}
 
 
-def _case(tokens, policy="xshare", router="softmax", top_k=8, fill=False, metrics=True, **extra) -> dict:
-    case = dict(tokens=tokens, experts=128, policy=policy, router=router, top_k=top_k, fill=fill, metrics=metrics)
-    return {**case, **extra}
+def _compile(compiled: dict[str, dict], cases: list[dict]) -> list[dict]:
+    return [compiled[_key(case)] for case in cases]
 
 
 @pytest.mark.fused_selection
-def test_retained_mass_divides_correctly_rounded() -> None:
-    multi, single, single_plain, oea = _compile([_case(64), _case(7), _case(7, metrics=False), _case(64, "oea")])
+def test_retained_mass_divides_correctly_rounded(compiled) -> None:
+    multi, single, single_plain, oea = _compile(compiled, RETAINED_MASS_CASES)
     # two launches: the selection kernel's only division is the metric's
     assert set(multi) == {"select_kernel", "route_kernel"}
     ops = multi["select_kernel"]
@@ -74,13 +121,12 @@ def test_retained_mass_divides_correctly_rounded() -> None:
 
 
 @pytest.mark.fused_selection
-def test_metrics_are_added_without_reading_them_back() -> None:
+def test_metrics_are_added_without_reading_them_back(compiled) -> None:
     """A one-launch call adds its four metrics with relaxed int64 atomics whose result is unused (a
     reduction the GPU queues without waiting) and loads no more than the same call without metrics.
     A load-add-store per metric waited a memory round trip each and held back the routing's loads."""
-    policies = ("none", "xshare", "moe-spec")
-    compiled = _compile([_case(7, policy, metrics=metrics) for policy in policies for metrics in (True, False)])
-    for policy, with_metrics, without in zip(policies, compiled[::2], compiled[1::2], strict=True):
+    results = _compile(compiled, METRICS_CASES)
+    for policy, with_metrics, without in zip(METRICS_POLICIES, results[::2], results[1::2], strict=True):
         assert set(with_metrics) == {"select_kernel"}, policy
         got, plain = with_metrics["select_kernel"], without["select_kernel"]
         assert got["ld.global"] == plain["ld.global"], (policy, got, plain)
@@ -89,13 +135,12 @@ def test_metrics_are_added_without_reading_them_back() -> None:
 
 
 @pytest.mark.fused_selection
-def test_routing_counts_activated_experts_without_a_ticket() -> None:
+def test_routing_counts_activated_experts_without_a_ticket(compiled) -> None:
     """Above one tile the routing kernel counts the activated experts with one relaxed atomic add per
     expert (visits and marks in one word) and no acquire-release ticket; it loads nothing more than
     without metrics."""
-    cases = [_case(64, policy, metrics=metrics) for policy in ("none", "xshare") for metrics in (True, False)]
-    compiled = _compile(cases)
-    for with_metrics, without in zip(compiled[::2], compiled[1::2], strict=True):
+    results = _compile(compiled, TICKET_CASES)
+    for with_metrics, without in zip(results[::2], results[1::2], strict=True):
         got, plain = with_metrics["route_kernel"], without["route_kernel"]
         assert got["atom.global.gpu.acq_rel"] == plain["atom.global.gpu.acq_rel"] == 0, (got, plain)
         assert got["ld.global"] == plain["ld.global"], (got, plain)
@@ -104,35 +149,20 @@ def test_routing_counts_activated_experts_without_a_ticket() -> None:
 
 
 @pytest.mark.fused_selection
-def test_every_configuration_family_compiles_for_sm90() -> None:
-    routers = itertools.cycle(["softmax", "sigmoid", "grouped", "biased"])
-    cases = []
-    for policy in POLICIES:
-        for tokens, (top_k, fill) in itertools.product((7, 64), ((1, True), (2, False), (8, True), (16, False))):
-            cases.append(_case(tokens, policy, next(routers), top_k, fill, metrics=top_k != 2))
-    results = _compile(cases)
+def test_every_configuration_family_compiles_for_sm90(compiled) -> None:
+    cases = FAMILY_CASES
+    results = _compile(compiled, cases)
     failed = [(case, result["error"]) for case, result in zip(cases, results, strict=True) if "error" in result]
     assert not failed, f"{len(failed)} of {len(cases)} configurations do not compile: {failed[:5]}"
 
 
 @pytest.mark.fused_selection
-def test_uneven_groups_and_wide_rows_compile_for_sm90() -> None:
+def test_uneven_groups_and_wide_rows_compile_for_sm90(compiled) -> None:
     """Expert groups that do not split a power-of-two E (ranked one group at a time) and rows wider
     than one warp (E > 256), with and without a bias, in one program and in the routing kernel: the
     family above is all E=128."""
-    cases = [
-        _case(tokens, policy, router, 8, fill, experts=experts)
-        for (tokens, policy, router, experts, fill) in [
-            (1, "none", "biased", 160, False),
-            (64, "none", "biased", 160, True),
-            (7, "xshare", "grouped", 160, False),
-            (1, "oea", "biased", 384, True),
-            (64, "lynx", "biased", 384, False),
-            (64, "moe-spec", "grouped", 512, False),
-            (7, "none", "sigmoid", 512, False),
-        ]
-    ]
-    results = _compile(cases)
+    cases = UNEVEN_CASES
+    results = _compile(compiled, cases)
     failed = [(case, result["error"]) for case, result in zip(cases, results, strict=True) if "error" in result]
     assert not failed, failed
 
@@ -180,20 +210,12 @@ def test_loop_bodies_count_one_trip_of_each_loop() -> None:
 
 
 @pytest.mark.fused_selection
-def test_dependent_launches_wait_before_touching_memory() -> None:
+def test_dependent_launches_wait_before_touching_memory(compiled) -> None:
     """``enable_pdl``: every kernel's first global memory access comes after its grid dependency wait;
     the selection (and LYNX's pick kernel) let the next kernel of the call launch early, the routing
     kernel (the call's last, followed by SGLang's kernels) and a one-program call do not; without
     ``enable_pdl`` no kernel holds grid dependency control."""
-    cases = [
-        _case(64, pdl=True),
-        _case(64, "lynx", pdl=True),
-        _case(7, pdl=True),
-        _case(64),
-        _case(7, "lynx"),
-        _case(64, "moe-spec-coverage", pdl=True),
-    ]
-    multi, lynx, single, plain_multi, plain_single, pairs = _compile(cases)
+    multi, lynx, single, plain_multi, plain_single, pairs = _compile(compiled, PDL_CASES)
     wait, trigger = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
     # no counter reset launch (each kernel's last program clears its counters); the coverage
     # ranking's pair sums are zeroed by a kernel of ours, which waits and then triggers the selection

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from tests.forked_runs import run_forked
 from xshare_sglang import PrunerConfig
 from xshare_sglang.tiny.quality import (
     Interval,
@@ -151,23 +152,42 @@ def test_cli_writes_json_and_plot(tmp_path) -> None:
     assert routing["uniform_union"] == pytest.approx(32 * (1 - (1 - 4 / 32) ** 12))
 
 
-@pytest.mark.parametrize(
-    ("argv", "flag"),
-    [
-        (["--requests", "0"], "--requests"),
-        (["--tokens", "30"], "--tokens=30"),
-        (["--windows", "0"], "--windows"),
-        (["--draft-tokens", "-1"], "--draft-tokens"),
-        (["--bootstrap", "0"], "--bootstrap"),
-        (["--study", "--configs", "c.json"], "--study and --configs"),
-        (["--calibration", "/tmp"], "--calibration /tmp: is a folder"),
-        (["--configs", "/nonexistent/c.json"], "--configs /nonexistent/c.json: no such file"),
-    ],
-)
-def test_bad_arguments_exit_2_before_any_work(argv, flag) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "xshare_sglang", "quality", *argv], capture_output=True, text=True, timeout=120
-    )
+BAD_ARGUMENTS = [
+    (["--requests", "0"], "--requests"),
+    (["--tokens", "30"], "--tokens=30"),
+    (["--windows", "0"], "--windows"),
+    (["--draft-tokens", "-1"], "--draft-tokens"),
+    (["--bootstrap", "0"], "--bootstrap"),
+    (["--study", "--configs", "c.json"], "--study and --configs"),
+    (["--calibration", "/tmp"], "--calibration /tmp: is a folder"),
+    (["--configs", "/nonexistent/c.json"], "--configs /nonexistent/c.json: no such file"),
+]
+#: Run as a user runs them, ``python -m xshare_sglang quality ...`` in a fresh interpreter: a flag value
+#: refused, a file refused.  Each of the others runs the same command in a process of its own too,
+#: forked after one import of the package (``tests/forked_runs.py``).
+BAD_ARGUMENTS_OWN_PROCESS = (0, 6)
+
+
+@pytest.fixture(scope="module")
+def forked_bad_arguments(tmp_path_factory) -> dict[str, dict]:
+    cases = {
+        f"case-{index}": {"module": "xshare_sglang", "args": ["quality", *argv]}
+        for index, (argv, _) in enumerate(BAD_ARGUMENTS)
+        if index not in BAD_ARGUMENTS_OWN_PROCESS
+    }
+    return run_forked(cases, tmp_path_factory.mktemp("quality-runs"))
+
+
+@pytest.mark.parametrize(("argv", "flag"), BAD_ARGUMENTS)
+def test_bad_arguments_exit_2_before_any_work(argv, flag, request) -> None:
+    index = BAD_ARGUMENTS.index((argv, flag))
+    if index in BAD_ARGUMENTS_OWN_PROCESS:
+        result = subprocess.run(
+            [sys.executable, "-m", "xshare_sglang", "quality", *argv], capture_output=True, text=True, timeout=120
+        )
+    else:
+        forked = request.getfixturevalue("forked_bad_arguments")[f"case-{index}"]
+        result = subprocess.CompletedProcess(argv, forked["returncode"], forked["stdout"], forked["stderr"])
     assert result.returncode == 2
     assert flag in result.stderr and "Traceback" not in result.stderr
     assert "configurations" not in result.stdout  # nothing was measured

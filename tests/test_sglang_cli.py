@@ -1,6 +1,8 @@
 """The plugin as SGLang loads it: entry point, flags, exit codes, config hand-off to spawned processes,
-and what ``register()`` does in each situation.  Each test runs a fresh interpreter, since plugin
-loading and hook application happen once per process."""
+and what ``register()`` does in each situation.  Each test runs in a process of its own, since plugin
+loading and hook application happen once per process: a fresh interpreter, or for some of the
+``register()`` cases a process forked from one that imported the same modules but never loaded the plugin
+(``tests/forked_runs.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forked_runs import run_forked
 from xshare_sglang.sglang_plugin import hooks
 from xshare_sglang.sglang_plugin.flags import ECHO_FLAGS, FIELD_FLAGS, GUARD_FLAGS, TRACE_FLAGS
 from xshare_sglang.sglang_plugin.settings import ENV_VAR
@@ -234,28 +237,54 @@ REGISTER = """
 """
 
 
-@pytest.mark.parametrize(
-    ("env_value", "routing"),
-    [
-        (None, False),
-        ('{"policy": "none"}', False),
-        ('{"policy": "xshare", "budget": 4}', True),
-        ('{"policy": "moe-spec", "max_experts": 8, "ranking": "coverage"}', True),
-    ],
-    ids=["unset", "none", "xshare", "coverage"],
-)
-def test_register_applies_routing_hooks_only_when_asked(env_value, routing) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: F401  (SGLang installed)
-
-    code = (
-        REGISTER
-        + """
+APPLY = """
     from sglang.srt.plugins.hook_registry import HookRegistry
     HookRegistry.apply_hooks()  # what load_plugins does after the plugins ran
     print("CLI" + json.dumps(liveness.unhooked(hooks.CLI_HOOKS)))
-    """
-    )
-    result = _python(code, env={ENV_VAR: env_value} if env_value else None)
+"""
+#: name -> (XSHARE_MOE_PRUNER_CONFIG, whether the routing hooks are applied).
+REGISTER_CASES = {
+    "unset": (None, False),
+    "none": ('{"policy": "none"}', False),
+    "xshare": ('{"policy": "xshare", "budget": 4}', True),
+    "coverage": ('{"policy": "moe-spec", "max_experts": 8, "ranking": "coverage"}', True),
+}
+BAD_ENVIRONMENT = '{"policy": "xshare", "tau": 7}'
+#: Run as ``python -c`` in a fresh interpreter; the other register cases each run the same code in a
+#: process of their own too, forked from one that imported what they import but ran none of it
+#: (``tests/forked_runs.py``): the plugin is loaded, and its hooks applied, in each case's process.
+REGISTER_OWN_PROCESS = ("xshare",)
+
+
+@pytest.fixture(scope="module")
+def forked_registers(tmp_path_factory) -> dict[str, dict]:
+    """The register cases not in :data:`REGISTER_OWN_PROCESS`, and the refused environment
+    (``bad-environment``), each in a forked process."""
+    cases = {
+        name: {"code": textwrap.dedent(REGISTER + APPLY), "cwd": str(ROOT), "env": {ENV_VAR: value}}
+        for name, (value, _) in REGISTER_CASES.items()
+        if name not in REGISTER_OWN_PROCESS
+    }
+    cases["bad-environment"] = {"code": textwrap.dedent(REGISTER), "cwd": str(ROOT), "env": {ENV_VAR: BAD_ENVIRONMENT}}
+    environ = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    # the hooks' targets, which register() imports when it applies them (the hooks are not applied here)
+    targets = [module.TARGET for module in (*hooks.CLI_HOOKS, *hooks.ROUTING_HOOKS, *hooks.ECHO_HOOKS)]
+    return run_forked(cases, tmp_path_factory.mktemp("register"), environ, timeout_s=300, preload=targets)
+
+
+def _register_run(name: str, code: str, env_value: str | None, request) -> subprocess.CompletedProcess:
+    if name in REGISTER_OWN_PROCESS:
+        return _python(code, env={ENV_VAR: env_value} if env_value else None)
+    forked = request.getfixturevalue("forked_registers")[name]
+    return subprocess.CompletedProcess(["python", "-c", code], forked["returncode"], forked["stdout"], forked["stderr"])
+
+
+@pytest.mark.parametrize("name", list(REGISTER_CASES))
+def test_register_applies_routing_hooks_only_when_asked(name, request) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: F401  (SGLang installed)
+
+    env_value, routing = REGISTER_CASES[name]
+    result = _register_run(name, REGISTER + APPLY, env_value, request)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.split("RESULT", 1)[1].splitlines()[0])
     assert report["status"] == "ok"
@@ -272,8 +301,8 @@ def test_register_applies_routing_hooks_only_when_asked(env_value, routing) -> N
     assert ("--moe-pruner-guard auto" in result.stderr) == coverage
 
 
-def test_register_refuses_a_bad_environment_config() -> None:
-    result = _python(REGISTER, env={ENV_VAR: '{"policy": "xshare", "tau": 7}'})
+def test_register_refuses_a_bad_environment_config(request) -> None:
+    result = _register_run("bad-environment", REGISTER, BAD_ENVIRONMENT, request)
     report = json.loads(result.stdout.split("RESULT", 1)[1])
     assert report["status"] == "exit 2"
     assert f"{ENV_VAR}: PrunerConfig.tau=7 is invalid" in result.stderr

@@ -419,7 +419,7 @@ def test_url_flow_leaves_the_working_directory_empty(sglang_recorders, tmp_path,
     generator.url = f"http://127.0.0.1:{port}"
     generator.start()
     try:
-        assert wait_healthy(generator.url, 60, alive=generator.exit_reason) is None
+        assert wait_healthy(generator.url, 60, alive=generator.exit_reason, poll_s=0.2) is None
         monkeypatch.setattr(sc.subprocess, "run", benchmark_client_against_the_standin)
         monkeypatch.chdir(cwd)
         out = tmp_path / "ranking.json"

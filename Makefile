@@ -23,9 +23,11 @@ serve-cpu: $(STAMP)
 
 # One pytest worker per core (at most 4); the tests that start CPU servers (tests/test_live_*.py) run
 # in one worker (tests/conftest.py), so no two servers share the cores.  TEST_WORKERS=0 runs in one process.
+# At the end pytest prints where the time went (the slowest tests, per module, per worker) and writes it
+# to .pytest_cache/time-report.json (tests/time_report.py).
 TEST_WORKERS ?= auto
 test: lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --durations 25
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --time-report .pytest_cache/time-report.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

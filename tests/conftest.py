@@ -15,6 +15,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+#: ``--time-report PATH``: where the run's time went (tests/time_report.py); pytester for its test.
+pytest_plugins = ["tests.time_report", "pytester"]
+
 # Without a GPU the Triton kernels run in Triton's interpreter.  It is chosen when a kernel module is
 # imported, so it is set here, before any test imports one.
 if not torch.cuda.is_available():
@@ -45,9 +48,13 @@ CPU_SERVER_MODULE_PREFIX = "test_live_"
 CPU_SERVER_SCOPE = "cpu-server"
 
 # Each xdist worker gets its share of the cores for torch's own threads, so two workers on a 2-core
-# machine do not run four busy threads.
+# machine do not run four busy threads; so do the processes its tests start (CPU servers, command
+# lines), through OMP_NUM_THREADS: two threads of one process on two cores wait on each other
+# whenever another process takes a core (the demo took 2.6 times as long, docs/offline.md).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -86,6 +93,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in reasons.items():
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def live_servers(tmp_path_factory):
+    """The CPU servers the ``test_live_*`` modules share (:class:`tests.live_server.LiveServerPool`)."""
+    from tests.live_server import LiveServerPool
+
+    pool = LiveServerPool(tmp_path_factory.mktemp("shared-servers"))
+    yield pool
+    pool.close()
 
 
 # The live-server modules' reference: Hugging Face's Qwen3-MoE running the shipped tiny model, and

@@ -36,19 +36,38 @@ SERVE_CPU_FLAGS = [
     "--moe-pruner-log-interval",
     str(SERVE_CPU_LOG_INTERVAL),
 ]
+
+
+def unpruned_args(dtype: str) -> list[str]:
+    """Arguments of the unpruned server the live tests compare answers with, shared through
+    :class:`LiveServerPool` (started ``interpreter=False``): no pruner flag, so the plugin is loaded
+    and inactive."""
+    return ["--dtype", dtype]
+
+
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 LAUNCH = [sys.executable, "-m", "xshare_sglang.testing.cpu_server"]
+#: SGLang's launcher, once a child of a stopped server has died, sleeps 5 s before it looks for live
+#: schedulers to dump with py-spy (and for CUDA core dumps): every stop of a test server took that
+#: long.  A CPU test server has no GPU and its tests read its log, so both are off.
+NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
 class LiveServer:
-    """One CPU server; ``args`` are ``sglang.launch_server`` arguments (host and port are added)."""
+    """One CPU server; ``args`` are ``sglang.launch_server`` arguments (host and port are added).
+    ``interpreter=False`` starts it without ``TRITON_INTERPRET`` (see ``__init__``)."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, *, interpreter: bool = True) -> None:
         self.port = launch_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        env = {**server_env(), **NO_CRASH_DIAGNOSTICS}
+        if not interpreter:
+            # as `make serve-cpu` runs: without the TRITON_INTERPRET=1 conftest sets for the kernel
+            # tests, the selection runs the torch reference on CPU (same masks, several times faster)
+            env.pop("TRITON_INTERPRET", None)
         self.process = LaunchedServer(
-            [*LAUNCH, *args, "--host", "127.0.0.1", "--port", str(self.port)], log_path, env=server_env()
+            [*LAUNCH, *args, "--host", "127.0.0.1", "--port", str(self.port)], log_path, env=env
         )
 
     def start(self) -> LiveServer:
@@ -132,6 +151,41 @@ class LiveServer:
                 return True
             time.sleep(0.5)
         return False
+
+
+class LiveServerPool:
+    """The servers several tests share: one start per configuration in a test run.
+
+    :meth:`server` hands out the running server of a configuration (its arguments and whether it
+    runs the Triton interpreter), starting it on first use.  A shared server is never stopped by a
+    test; it serves every test that asks for its configuration and answers as if fresh (the tests
+    that use one read only its answers and what they sent, never counters from its start).  At most
+    ``keep`` shared servers run at a time: starting another stops the one used longest ago.  Each
+    uses about 1.5 GB, and an idle one (``--sleep-on-idle``) no CPU.
+    """
+
+    def __init__(self, folder: Path, keep: int = 2) -> None:
+        self.folder = folder
+        self.keep = keep
+        self._servers: dict[tuple, LiveServer] = {}  # in order of last use
+        self.starts = 0
+
+    def server(self, args: list[str], *, interpreter: bool = True) -> LiveServer:
+        key = (tuple(args), interpreter)
+        server = self._servers.pop(key, None)
+        if server is None or not server.alive():
+            while len(self._servers) >= self.keep:
+                self._servers.pop(next(iter(self._servers))).stop()
+            self.starts += 1
+            log = self.folder / f"shared-{self.starts}" / "server.log"
+            server = LiveServer(list(args), log, interpreter=interpreter).start()
+        self._servers[key] = server
+        return server
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            server.stop()
+        self._servers.clear()
 
 
 def _is_ids(prompt) -> bool:

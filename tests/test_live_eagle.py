@@ -4,7 +4,8 @@ The servers are ``xshare_sglang.testing.cpu_server`` (SGLang's own launcher, CPU
 stand-in) serving the shipped tiny Qwen3-MoE model with a tiny, untrained EAGLE-3 draft head made by
 :func:`~xshare_sglang.testing.eagle_draft.make_tiny_eagle3_draft`.  EAGLE on SGLang's ``torch_native``
 attention backend comes from ``xshare_sglang.testing.eagle_cpu`` (loaded by SGLang as a plugin only in
-these CPU test servers).  One server runs at a time.
+these CPU test servers).  One server of this module runs at a time; the unpruned one is shared with
+other live modules (``live_servers``) and sleeps while idle.
 
 * Unpruned: speculative greedy decoding must reproduce a plain (non-speculative) server's greedy
   tokens exactly, and the server must report an acceptance length.
@@ -21,7 +22,7 @@ import json
 import pytest
 import requests
 
-from tests.live_server import LiveServer, trace_files, traces_after
+from tests.live_server import LiveServer, trace_files, traces_after, unpruned_args
 from xshare_sglang.testing.eagle_draft import make_tiny_eagle3_draft
 
 pytestmark = pytest.mark.live_server
@@ -86,17 +87,13 @@ def draft_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def plain_tokens(tmp_path_factory) -> list[list[int]]:
-    """Greedy output ids of a plain (non-speculative) CPU server; the server is stopped at once."""
-    server = LiveServer(COMMON, tmp_path_factory.mktemp("plain") / "server.log").start()
-    try:
-        return [answer["output_ids"] for answer in generate_all(server)]
-    finally:
-        server.stop()
+def plain_tokens(live_servers) -> list[list[int]]:
+    """Greedy output ids of the shared unpruned, non-speculative float32 CPU server."""
+    server = live_servers.server(unpruned_args("float32"), interpreter=False)
+    return [answer["output_ids"] for answer in generate_all(server)]
 
 
-# Class-scoped servers, started after the module-scoped plain run (pytest sets up wider scopes first),
-# so no two servers of this file run at once.
+# Class-scoped servers, each stopped when its class is done.
 @pytest.fixture(scope="class")
 def eagle_server(draft_dir, tmp_path_factory):
     server = LiveServer([*COMMON, *eagle_flags(draft_dir)], tmp_path_factory.mktemp("eagle") / "server.log")

@@ -6,7 +6,8 @@ layer call, the union of every token's own four experts and prunes the rest.  SG
 routes with its torch-native top-k; the plugin hands each token whose experts are all kept that very
 routing (``PrunerRuntime.route``), so nothing downstream can tell the two servers apart: not in
 float32, not in bfloat16 (where tied logits are common), neither one request at a time (two
-prompts of each domain) nor with all twenty held-out prompts batched together.
+prompts of each domain) nor with all twenty held-out prompts batched together.  The unpruned servers
+are the ones other live modules share (``live_servers``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 
 import pytest
 
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, unpruned_args
 from xshare_sglang.tiny.tiny_demo import heldout_texts
 from xshare_sglang.tiny.tiny_model import tiny_model_dir
 
@@ -38,30 +39,28 @@ def _prompts(tokenizer) -> list[list[int]]:
     return [tokenizer(text)["input_ids"][:PROMPT_TOKENS] for text in chosen]
 
 
-def _serve(flags: list[str], dtype: str, prompts, log_path) -> tuple[list, list, str]:
-    """One server's answers to the first ``ALONE`` prompts one at a time, then all of them in one
-    batch; its log."""
-    server = LiveServer(["--dtype", dtype, *flags], log_path).start()
-    try:
-        alone = [server.greedy_logprobs(prompt, NEW_TOKENS)[0] for prompt in prompts[:ALONE]]
-        batched = server.greedy_logprobs(prompts, NEW_TOKENS)
-        return alone, batched, server.log()
-    finally:
-        server.stop()
+def _answers(server: LiveServer, prompts) -> tuple[list, list]:
+    """A server's answers to the first ``ALONE`` prompts one at a time, then to all of them in one batch."""
+    alone = [server.greedy_logprobs(prompt, NEW_TOKENS)[0] for prompt in prompts[:ALONE]]
+    return alone, server.greedy_logprobs(prompts, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_keep_all_server_answers_as_the_unpruned_one(dtype, reference, tmp_path, monkeypatch) -> None:
+def test_keep_all_server_answers_as_the_unpruned_one(dtype, reference, live_servers, tmp_path) -> None:
     # the servers run as `make serve-cpu` does, without the TRITON_INTERPRET=1 conftest sets: the
     # selection then runs the torch reference (tests/test_sglang_routing.py covers the kernels' path)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     _, tokenizer = reference
     prompts = _prompts(tokenizer)
     assert len(prompts) == NUM_PROMPTS and all(len(p) == PROMPT_TOKENS for p in prompts)
-    plain = _serve([], dtype, prompts, tmp_path / "unpruned.log")
-    pruned = _serve([*KEEP_ALL, "--moe-pruner-log-interval", "1"], dtype, prompts, tmp_path / "keep_all.log")
+    plain = _answers(live_servers.server(unpruned_args(dtype), interpreter=False), prompts)
+    flags = ["--dtype", dtype, *KEEP_ALL, "--moe-pruner-log-interval", "1"]
+    server = LiveServer(flags, tmp_path / "keep_all.log", interpreter=False).start()
+    try:
+        pruned = _answers(server, prompts)
+        log = server.log()
+    finally:
+        server.stop()
 
-    log = pruned[2]
     assert "policy=xshare" in log, "the pruned server never proved the plugin active"
     kept = [float(m.group(2)) for m in KEPT.finditer(log)]
     assert kept and min(kept) < 32, "keep-all never pruned an expert: the test would prove nothing"

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from tests.live_server import LiveServer, traces_after
+from tests.live_server import NO_CRASH_DIAGNOSTICS, LiveServer, traces_after
 from xshare_sglang import PrunerConfig, route_within, select_experts_mask
 from xshare_sglang.policies.rewrite import activated_experts, filler_ids
 from xshare_sglang.replay.trace import load_trace
@@ -74,11 +74,13 @@ def post_ids(server: LiveServer, prompt: list[int], new_tokens: int = NEW_TOKENS
     return response.json()["output_ids"]
 
 
-# Class-scoped servers: each is stopped when its class is done (an idle SGLang scheduler on CPU keeps a
-# core busy, so no server may outlive the tests that use it).
+# Class-scoped servers: each is stopped when its class is done.
 @pytest.fixture(scope="class", params=list(POLICIES))
 def policy_server(request, tmp_path_factory):
     name = request.param
+    if POLICIES[name] == XSHARE:  # the traced server's settings: that server answers for them
+        yield name, request.getfixturevalue("xshare_server")[0]
+        return
     log = tmp_path_factory.mktemp(f"server-{name}") / "server.log"
     server = LiveServer([*COMMON, *pruner_flags(POLICIES[name])], log).start()
     yield name, server
@@ -162,8 +164,10 @@ class TestTruncationCoverage:
 XSHARE = {"policy": "xshare", "k0": 1, "budget": 2}
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def xshare_server(tmp_path_factory):
+    """An xshare server (``POLICIES["xshare"]``) that records every decode forward and has the fault
+    switch: ``TestTracedServer``'s, and ``TestPolicies``' for xshare (recording changes no answer)."""
     folder = tmp_path_factory.mktemp("xshare-traced")
     fault = folder / "fault"
     config = json.dumps({"test_fault_file": str(fault)})
@@ -264,16 +268,18 @@ def _check_fault_fallback(xshare_server, prompts, reference) -> None:
     assert server.alive()
 
 
-def test_ab_compare_against_live_cpu_servers(tmp_path) -> None:
+def test_ab_compare_against_live_cpu_servers(tmp_path, monkeypatch) -> None:
     """The A/B tool launches two real CPU servers (pruner off, xshare), checks the plugin's proof line
     in each log, runs SGLang's benchmark and few-shot GSM8K clients, and writes its record, summary
-    and plots."""
+    and plots.  The smallest traffic its checks need: a few requests per client, each arm batching."""
+    for name, value in NO_CRASH_DIAGNOSTICS.items():  # the servers inherit them: no 5 s sleep at each stop
+        monkeypatch.setenv(name, value)
     out = tmp_path / "ab"
     argv = [
         "--model-path", str(tiny_model_dir()), "--launch-command", f"{sys.executable} -m xshare_sglang.testing.cpu_server",
-        "--candidate", json.dumps({"name": "xshare", **XSHARE, "log_interval": 1}), "--repeats", "1", "--concurrency", "4",
-        "--dataset", "random-ids", "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "8",
-        "--gsm8k-questions", "8", "--gsm8k-shots", "1", "--gsm8k-parallel", "4", "--gsm8k-max-new-tokens", "16",
+        "--candidate", json.dumps({"name": "xshare", **XSHARE, "log_interval": 1}), "--repeats", "1", "--concurrency", "2",
+        "--dataset", "random-ids", "--random-input-len", "16", "--random-output-len", "8", "--num-prompts", "4",
+        "--gsm8k-questions", "4", "--gsm8k-shots", "1", "--gsm8k-parallel", "2", "--gsm8k-max-new-tokens", "8",
         "--startup-timeout", "300", "--run-timeout", "300", "--stop-timeout", "30", "--output-dir", str(out),
     ]  # fmt: skip
     from xshare_sglang.serving.ab.ab_cli import main

@@ -43,7 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: SGLang scheduler on CPU keeps a core busy, and two servers on a 2-core machine would slow each other
 #: and everything else.  (xdist's own ``--dist loadgroup`` cannot group them: under pytest 9 the group
 #: it appends to a test's id is lost, so the scheduler below groups by module instead.)
-CPU_SERVER_MARKERS = ("live_server", "soak", "multi_rank")
+CPU_SERVER_MARKERS = ("live_server", "soak", "multi_rank", "adaptive_spec")
 CPU_SERVER_MODULE_PREFIX = "test_live_"
 CPU_SERVER_SCOPE = "cpu-server"
 

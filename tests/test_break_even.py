@@ -128,6 +128,16 @@ def test_buckets_of_each_phase() -> None:
     assert powers_of_two(1) == [1] and powers_of_two(48) == [1, 2, 4, 8, 16, 32, 48]
 
 
+def test_adaptive_speculation_times_verify_at_every_width() -> None:
+    """--speculative-adaptive verifies with D = steps + 1 of each candidate step count: every width's
+    token counts are timed, a count two widths reach once (at the larger D), and D = 1 (0 steps, a
+    decode step) adds no verify bucket."""
+    cfg = PrunerConfig(policy="xshare", k0=1)
+    buckets = plan_buckets({"verify": cfg}, batch_sizes=[1, 2, 4], draft_tokens=[1, 2, 4], prefill_tokens=1)
+    assert [(b.num_tokens, b.tokens_per_request) for b in buckets] == [(2, 2), (4, 4), (8, 4), (16, 4)]
+    assert plan_buckets({"verify": cfg}, batch_sizes=[1, 2], draft_tokens=[1], prefill_tokens=1) == []
+
+
 # ---------------------------------------------------------------------- the timing loop, with a fake clock
 class _FakeRuntime:
     """What time_buckets reads of the plugin's runtime: scopes, the fault count, the metrics (and

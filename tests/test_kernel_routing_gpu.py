@@ -89,7 +89,7 @@ def test_kernel_routing_stays_in_the_mask(device, shape, num_tokens) -> None:
     assert torch.equal(sparse.mask_metadata.col_sum[:num_experts] > 0, activated)
     want = selection_metrics(keep, state.stats[0], state.stats[1])
     want[0] = activated.sum()
-    assert runtime.metrics[0].tolist() == want.tolist()
+    assert runtime.metrics_of("decode")[0].tolist() == want.tolist()
     assert 0 < want[2] <= RETAINED_ONE
 
 
@@ -110,7 +110,7 @@ def test_kernel_routing_metrics_cost_three_device_ops(shape) -> None:
     runtime.end_call()
     assert _device_ops(counting) == ["aten::gt", "aten::sum", "aten::add_"]
     assert _device_ops(masking) == ["aten::where"]
-    assert runtime.metrics[0, 0] == int((counts > 0).sum()) and runtime.faults == 0
+    assert runtime.metrics_of("decode")[0, 0] == int((counts > 0).sum()) and runtime.faults == 0
 
 
 #: ops that only make a view or an empty tensor (no kernel)

@@ -14,7 +14,7 @@ import torch
 from xshare_sglang import PrunerConfig
 from xshare_sglang.break_even import BucketDecision, GuardTable
 from xshare_sglang.policies.rewrite import RETAINED_ONE
-from xshare_sglang.sglang_plugin.metrics import GUARD_METRICS, METRICS, MetricsReporter
+from xshare_sglang.sglang_plugin.metrics import GUARD_METRICS, METRICS, SPEC_METRICS, MetricsReporter
 from xshare_sglang.sglang_plugin.model_layers import make_runtime
 from xshare_sglang.sglang_plugin.settings import PluginSettings
 
@@ -63,10 +63,10 @@ def test_counters_follow_the_forwards_and_fallbacks_show_at_once() -> None:
     runtime = _runtime(log_interval=2)
     reporter = MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
     for _ in range(3):
-        runtime.metrics[:, 0] += 4  # activated experts
-        runtime.metrics[:, 1] += 2  # kept
-        runtime.metrics[:, 2] += RETAINED_ONE // 2
-        runtime.metrics[:, 3] += 1  # one call per layer
+        runtime.metrics_of("decode")[:, 0] += 4  # activated experts
+        runtime.metrics_of("decode")[:, 1] += 2  # kept
+        runtime.metrics_of("decode")[:, 2] += RETAINED_ONE // 2
+        runtime.metrics_of("decode")[:, 3] += 1  # one call per layer
         reporter.on_pruned_forward()
     samples = _samples(registry)
     assert samples["moe_pruner:pruned_forwards_total"] == {_labels(): 3.0}
@@ -119,7 +119,7 @@ def test_series_without_extra_labels() -> None:
 def test_nothing_is_exported_without_enable_metrics() -> None:
     runtime = _runtime(log_interval=1)
     reporter = MetricsReporter(runtime, prometheus=False)
-    runtime.metrics[:, 3] += 1
+    runtime.metrics_of("decode")[:, 3] += 1
     reporter.on_pruned_forward()
     assert reporter._families is None
 
@@ -143,10 +143,68 @@ def test_ab_tool_ignores_gauges_not_reported_yet(monkeypatch) -> None:
     monkeypatch.setattr(ab_server.requests, "get", lambda *args, **kwargs: Page())
     assert ab_server.pruner_metrics("http://server") is None
     reporter = MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
-    runtime.metrics[0] = torch.tensor([6, 3, RETAINED_ONE, 1])  # one call of the first layer only
+    runtime.metrics_of("decode")[0] = torch.tensor([6, 3, RETAINED_ONE, 1])  # one call of the first layer only
     reporter.on_pruned_forward()
     assert ab_server.pruner_metrics("http://server") == {
         "activated_experts": 6.0,
         "kept_experts": 3.0,
         "retained_score_mass": 1.0,
+    }
+
+
+def test_phase_split_and_speculative_series() -> None:
+    """A speculative server's reporter: per-phase activated experts and calls, the distinct experts
+    per verify request, forwards by draft tokens, each from start-up at 0; the adaptive step gauges
+    once SGLang's adaptive speculation starts; the all-phase series stay as they were."""
+    registry = prometheus_client.CollectorRegistry()
+    runtime = _runtime(log_interval=2)
+    reporter = MetricsReporter(
+        runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry, draft_tokens=[4, 1, 2]
+    )
+    samples = _samples(registry)
+
+    def by_phase(phase: str, layer: int) -> tuple:
+        return tuple(sorted({"layer": str(layer), "phase": phase, "tp_rank": "0"}.items()))
+
+    def by_width(d: int) -> tuple:
+        return tuple(sorted({"draft_tokens": str(d), "tp_rank": "0"}.items()))
+
+    assert samples["moe_pruner:phase_activated_experts"] == {
+        by_phase(phase, layer): 0.0 for phase in ("decode", "verify") for layer in LAYER_IDS
+    }
+    assert samples["moe_pruner:verify_request_experts"] == {_labels(layer): 0.0 for layer in LAYER_IDS}
+    assert samples["moe_pruner:pruned_spec_forwards_total"] == {by_width(d): 0.0 for d in (1, 2, 4)}
+    assert "moe_pruner:speculative_steps" not in samples
+    decode, verify = runtime.metrics_of("decode"), runtime.metrics_of("verify")
+    decode[:] = torch.tensor([6, 6, RETAINED_ONE, 3])  # three decode calls per layer, 2 experts each
+    verify[:] = torch.tensor([40, 40, RETAINED_ONE, 4])  # four verify calls, 10 experts each
+    runtime.request_metrics[:] = torch.tensor([21, 5])  # five requests, 21 distinct experts in all
+    reporter.on_pruned_forward(1)
+    reporter.on_pruned_forward(4)
+    samples = _samples(registry)
+    assert samples["moe_pruner:phase_activated_experts"] == {
+        by_phase(phase, layer): want for phase, want in (("decode", 2.0), ("verify", 10.0)) for layer in LAYER_IDS
+    }
+    assert samples["moe_pruner:phase_layer_calls_total"] == {
+        by_phase(phase, layer): want for phase, want in (("decode", 3.0), ("verify", 4.0)) for layer in LAYER_IDS
+    }
+    assert samples["moe_pruner:activated_experts"] == {_labels(layer): 46 / 7 for layer in LAYER_IDS}
+    assert samples["moe_pruner:verify_request_experts"] == {_labels(layer): 4.2 for layer in LAYER_IDS}
+    assert samples["moe_pruner:pruned_spec_forwards_total"] == {by_width(1): 1.0, by_width(2): 0.0, by_width(4): 1.0}
+    reporter.export_adaptive_steps({1: 3, 8: 0})
+    steps = _samples(registry)["moe_pruner:speculative_steps"]
+    assert steps == {(("batch_size", "1"), ("tp_rank", "0")): 3.0, (("batch_size", "8"), ("tp_rank", "0")): 0.0}
+
+
+def test_a_server_that_does_not_speculate_has_no_speculative_series() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    reporter = MetricsReporter(_runtime(), prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+    reporter.on_pruned_forward()
+    reporter.export_adaptive_steps({1: 3})
+    samples = _samples(registry)
+    assert not any(spec.series in samples for spec in SPEC_METRICS)
+    assert {labels for labels in samples["moe_pruner:phase_activated_experts"]} == {
+        tuple(sorted({"layer": str(layer), "phase": phase, "tp_rank": "0"}.items()))
+        for phase in ("decode", "verify")
+        for layer in LAYER_IDS
     }

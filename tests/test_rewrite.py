@@ -114,3 +114,16 @@ def test_fill_invariants(num_tokens, num_slots, num_experts, keep_share) -> None
     assert torch.equal(weights[kept_before], before_weights[kept_before])
     assert (weights[~kept_before] == 0).all()
     assert torch.unique(ids).numel() <= max(int(keep.sum()), num_slots)
+
+
+def test_request_experts_counts_each_requests_union() -> None:
+    """D = 2: request 0 routes to {0, 1, 2} (ids repeat across its rows), request 1 to {3} (a dropped
+    slot, a filler-free row), request 2 is padding (every slot -1) and is not counted; ids outside
+    [0, num_ids) never count; a trailing partial request is ignored."""
+    from xshare_sglang.policies.rewrite import request_experts
+
+    ids = torch.tensor([[0, 1], [1, 2], [3, -1], [3, 3], [-1, -1], [-1, -1], [5, 4]], dtype=torch.int32)
+    assert request_experts(ids, 2, 5).tolist() == [4, 2]
+    assert request_experts(ids, 2, 3).tolist() == [3, 1]  # ids 3 and 4 are not experts of 3
+    assert request_experts(ids[:6], 1, 5).tolist() == [6, 4]  # D = 1: one row per request
+    assert request_experts(ids[:0], 4, 5).tolist() == [0, 0]

@@ -78,7 +78,7 @@ def test_runner_init_builds_the_runtime(plugin_env, caplog) -> None:
     assert runtime is not None and runtime.runner is runner
     assert {id(target), id(other)} == set(runtime.layers)  # the draft TopK is not a pruned layer
     assert [s.top_k for s in runtime.layers.values()] == [4, 4]
-    assert runtime.metrics.shape == (2, 4)
+    assert runtime.metrics.shape == (4, 2, 4)  # phases (decode, verify, extend, mixed) x layers x columns
     assert len(runner.capture_head_hooks) == 1 and len(runner.capture_tail_hooks) == 1
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("moe-pruner active:")]
     assert len(lines) == 1

@@ -162,11 +162,11 @@ def test_triton_kernel_metrics_come_from_the_routing(kernel_env) -> None:
         output = _forward(kernel_env.modules["gptoss"], _logits(seed))
         activated += int((output.a_ragged_metadata.slice_sizes > 0).sum())
         kept += int(runtime.layers[id(configs["gptoss"])].keep.sum())
-    row = runtime.metrics[runtime.layers[id(configs["gptoss"])].row]
+    row = runtime.metrics_of("decode")[runtime.layers[id(configs["gptoss"])].row]
     assert row[0] == activated and row[1] == kept and row[3] == 2
     assert 0 < row[2] <= 2 * RETAINED_ONE
     assert activated <= kept < 2 * NUM_EXPERTS  # each mask holds >= top-k experts: only kept ones route
-    assert runtime.metrics[runtime.layers[id(configs["gptoss_raw"])].row].tolist() == [0, 0, 0, 0]
+    assert runtime.metrics_of("decode")[runtime.layers[id(configs["gptoss_raw"])].row].tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("name", ["bypassed", "bypassed_biased"])
@@ -196,9 +196,9 @@ def test_bypassed_routing_hands_on_the_masked_inputs(kernel_env, name) -> None:
         assert torch.equal(output.topk_config.correction_bias, masked_bias)
         assert torch.equal(config.correction_bias, bias_before)
     row = state.row
-    assert runtime.metrics[row, 3] == 1
+    assert runtime.metrics_of("decode")[row, 3] == 1
     standard = output.to_standard()
-    assert runtime.metrics[row, 3] == 1 and torch.equal(state.keep, keep)  # no second pruned call
+    assert runtime.metrics_of("decode")[row, 3] == 1 and torch.equal(state.keep, keep)  # no second pruned call
     weighted = standard.topk_ids[:NUM_VALID][standard.topk_weights[:NUM_VALID] > 0]
     assert keep[weighted.long()].all()
     set_runtime(None)
@@ -220,8 +220,8 @@ def test_bypassed_metrics_count_the_reference_routing(kernel_env) -> None:
     state = runtime.layers[id(configs["bypassed"])]
     ids, _ = route_within(logits, state.keep, top_k=TOP_K, num_valid_tokens=NUM_VALID)
     used = {int(e) for e in ids[ids >= 0]}
-    assert runtime.metrics[state.row].tolist()[:2] == [len(used), int(state.keep.sum())]
-    assert runtime.metrics[state.row, 3] == 1
+    assert runtime.metrics_of("decode")[state.row].tolist()[:2] == [len(used), int(state.keep.sum())]
+    assert runtime.metrics_of("decode")[state.row, 3] == 1
 
 
 def test_unpruned_kernel_calls_are_bit_identical(kernel_env) -> None:

@@ -140,7 +140,7 @@ def test_metrics_never_wait_for_the_device(monkeypatch, caplog) -> None:
     reporter.asynchronous = True  # as with a CUDA device: copies complete later, signalled by an event
     monkeypatch.setattr(torch.cuda, "Event", _PendingEvent)
     _PendingEvent.done = False
-    row = runtime.metrics[0]
+    row = runtime.metrics_of("decode")[0]
 
     def forward(seed):
         sglang_select_experts(config, _logits(seed))
@@ -178,11 +178,11 @@ def test_metrics_every_n_adds_the_sampled_forwards_alone(policy) -> None:
     reporter = MetricsReporter(every, prometheus=False)
     added = []
     for forward in range(7):
-        before = every.metrics[0].clone()
+        before = every.metrics_of("decode")[0].clone()
         every.sample_metrics()
         sglang_select_experts(config, _logits(forward))
         reporter.on_pruned_forward()
-        added.append(every.metrics[0] - before)
+        added.append(every.metrics_of("decode")[0] - before)
     assert all(int(a[3]) == 1 and int(a[0]) > 0 for a in added)
     sampled = _publish([config], pruner, metrics_every=3)
     reporter = MetricsReporter(sampled, prometheus=False)
@@ -193,7 +193,7 @@ def test_metrics_every_n_adds_the_sampled_forwards_alone(policy) -> None:
         sglang_select_experts(config, _logits(forward))
         reporter.on_pruned_forward()
         want = sum(added[f] for f in range(forward + 1) if f % 3 == 0)
-        assert sampled.metrics[0].tolist() == want.tolist(), forward
+        assert sampled.metrics_of("decode")[0].tolist() == want.tolist(), forward
     assert gates == [1, 0, 0, 1, 0, 0, 1]
     summary = reporter.report()
     assert summary["layer_calls"] == 3
@@ -210,10 +210,10 @@ def test_activated_experts_added_outside_the_kernels_follow_the_gate() -> None:
     for gate, activated, want in ((1, 5, 5), (0, 5, 5), (1, 7, 12)):
         runtime.metrics_gate.fill_(gate)
         runtime.add_activated(layer, torch.tensor(activated, dtype=torch.int64))
-        assert int(runtime.metrics[0, 0]) == want
+        assert int(runtime.metrics_of("decode")[0, 0]) == want
     quiet = _publish([config], PrunerConfig(policy="oea", k0=1), log_interval=0)
     quiet.add_activated(next(iter(quiet.layers.values())), torch.tensor(5, dtype=torch.int64))
-    assert quiet.metrics.tolist() == [[0, 0, 0, 0]]
+    assert not quiet.metrics.any()
 
 
 def test_the_guard_times_calls_with_the_gate_closed_and_puts_it_back() -> None:
@@ -229,11 +229,11 @@ def test_the_guard_times_calls_with_the_gate_closed_and_puts_it_back() -> None:
             assert int(runtime.metrics_gate[0]) == 0
             sglang_select_experts(config, _logits(3))
         assert int(runtime.metrics_gate[0]) == after
-    assert runtime.metrics.tolist() == [[0, 0, 0, 0]]  # the calls inside added nothing
+    assert not runtime.metrics.any()  # the calls inside added nothing
     plain = _publish([config], PrunerConfig(policy="oea", k0=1))
     with plain.unsampled():
         sglang_select_experts(config, _logits(3))
-    assert int(plain.metrics[0, 3]) == 1
+    assert int(plain.metrics_of("decode")[0, 3]) == 1
 
 
 def test_no_metrics_are_added_when_nothing_reads_them() -> None:
@@ -243,11 +243,11 @@ def test_no_metrics_are_added_when_nothing_reads_them() -> None:
     pruner = PrunerConfig(policy="xshare", k0=1, budget=3)
     counted = _publish([config], pruner)
     want = sglang_select_experts(config, _logits(5))
-    assert int(counted.metrics[0, 3]) == 1
+    assert int(counted.metrics_of("decode")[0, 3]) == 1
     quiet = _publish([config], pruner, log_interval=0)
     got = sglang_select_experts(config, _logits(5))
     assert quiet.metrics_row(next(iter(quiet.layers.values()))) is None
-    assert quiet.metrics.tolist() == [[0, 0, 0, 0]]
+    assert not quiet.metrics.any()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -256,13 +256,13 @@ def test_metrics_report_runs_without_host_sync_on_cuda() -> None:
     """On a GPU: CUDA's sync debug mode raises on any synchronizing call during the forward path."""
     config = _softmax_config()
     runtime = _publish([config], PrunerConfig(policy="oea", k0=1))
-    runtime.metrics = runtime.metrics.cuda()
+    runtime.metrics, runtime.request_metrics = runtime.metrics.cuda(), runtime.request_metrics.cuda()
     runtime.settings = PluginSettings(pruner=runtime.settings.pruner, log_interval=1)
     reporter = MetricsReporter(runtime, prometheus=False)
     published = []
     publish = reporter._publish
-    reporter._publish = lambda sums: published.append(sums) or publish(sums)
-    runtime.metrics[0, 3] = 5
+    reporter._publish = lambda sums, requests=None: published.append(sums) or publish(sums, requests)
+    runtime.metrics_of("decode")[0, 3] = 5
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -273,7 +273,7 @@ def test_metrics_report_runs_without_host_sync_on_cuda() -> None:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     reporter.report()
-    assert sum(float(sums[0, 3]) for sums in published) == 5
+    assert sum(float(sums[:, 0, 3].sum()) for sums in published) == 5
 
 
 # ---------------------------------------------------------------------------------- redundant experts
@@ -652,7 +652,9 @@ def test_only_forwards_that_ran_pruned_routing_are_counted(monkeypatch, replays)
         out = ModelRunner._forward_raw(runner, forward_batch, None)
     assert out.can_run_graph is replays
     assert runtime.pruned_forwards == (0 if replays else 3)
-    assert int(runtime.metrics[0, 3]) == (0 if replays else 2)  # sampled layer calls that really ran pruned
+    assert int(runtime.metrics_of("extend")[0, 3]) == (
+        0 if replays else 2
+    )  # sampled layer calls that really ran pruned
 
 
 # ---------------------------------------------------------------------------------- EPLB
@@ -729,7 +731,7 @@ def test_llama4_routing_function_stays_in_the_mask() -> None:
     # experts the final ids send a token to by the rewrite
     want = selection_metrics(keep, state.stats[0], state.stats[1])
     activated = len({int(e) for e in ids.flatten() if e >= 0})
-    assert runtime.metrics[state.row].tolist() == [activated, 3, int(want[2]), 1]
+    assert runtime.metrics_of("decode")[state.row].tolist() == [activated, 3, int(want[2]), 1]
     assert 0 < want[2] < RETAINED_ONE
 
 

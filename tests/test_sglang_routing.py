@@ -261,14 +261,14 @@ def test_metrics_accumulate_on_the_device(sglang_env) -> None:
         ids, _ = sglang_select_experts(config, _logits(seed))
         live = ids[:NUM_VALID]
         activated.append(len(set(live[live >= 0].tolist())))
-    row = runtime.metrics[runtime.layers[id(config)].row]
+    row = runtime.metrics_of("decode")[runtime.layers[id(config)].row]
     keeps = [
         int(select_experts_mask(_logits(s), pruner, top_k=TOP_K, num_valid_tokens=NUM_VALID).sum()) for s in (0, 1)
     ]
     assert row[3] == 2  # two calls
     assert row[0] == sum(activated) and row[1] == sum(keeps)
     assert 0 < row[2] <= 2 * RETAINED_ONE  # two retained-mass ratios, each in (0, 1], in units of 2**-24
-    untouched = runtime.metrics[runtime.layers[id(sglang_env.configs["deepseek"])].row]
+    untouched = runtime.metrics_of("decode")[runtime.layers[id(sglang_env.configs["deepseek"])].row]
     assert untouched.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 

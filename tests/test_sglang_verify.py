@@ -260,3 +260,32 @@ def test_a_broken_verify_input_leaves_the_forward_unpruned(plugin_env, monkeypat
     ids, _ = seen["routing"]
     want = torch.softmax(logits, dim=1).topk(TOP_K, dim=1)
     assert torch.equal(ids.long().sort(dim=1).values, want.indices.sort(dim=1).values)
+
+
+@pytest.mark.parametrize("decode_policy", ["xshare", "none"])
+def test_a_one_token_verify_is_a_decode_step(plugin_env, monkeypatch, decode_policy) -> None:  # noqa: F811
+    """--speculative-adaptive at 0 steps verifies each request's last token alone (D = 1): eagerly and
+    in a captured graph, that forward takes the decode phase's config (none: unpruned), never the
+    verify policy; D = 2 stays verify."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from xshare_sglang.sglang_plugin.hooks.model_runner_init import capture_head
+    from xshare_sglang.sglang_plugin.verify_scope import eager_scope
+
+    monkeypatch.setenv(ENV_VAR, json.dumps({"policy": decode_policy, "k0": 1, "budget": 2, "verify": VERIFY}))
+    runtime = _init(_runner(_model(_topk_config())))
+    decode_policy_or_none = None if decode_policy == "none" else decode_policy
+    for width, phase, policy in ((1, "decode", decode_policy_or_none), (2, "verify", "xshare-spec")):
+        spec_info = SimpleNamespace(draft_token_num=width, ragged_verify_layout=None)
+        batch = SimpleNamespace(
+            forward_mode=ForwardMode.TARGET_VERIFY, spec_info=spec_info, input_ids=torch.zeros(3 * width)
+        )
+        scope = eager_scope(runtime, batch)
+        assert (scope.phase, scope.tokens_per_request) == (phase, width)
+        assert (scope.cfg.policy if scope.cfg is not None else None) == policy
+        graph_runner = SimpleNamespace(capture_forward_mode=ForwardMode.TARGET_VERIFY, captured_req_width=width)
+        capture_head(graph_runner, SimpleNamespace(input_ids=torch.zeros(3 * width), positions=torch.zeros(3 * width)))
+        assert (runtime.scope.phase, runtime.scope.tokens_per_request) == (phase, width)
+        assert (runtime.scope.cfg.policy if runtime.scope.cfg is not None else None) == policy
+        assert runtime.graph_pruned[(phase, 3 * width)] is (policy is not None)
+        runtime.leave(None)

@@ -39,6 +39,21 @@ def activated_experts(topk_ids: torch.Tensor, num_ids: int) -> torch.Tensor:
     return used[:num_ids].sum()
 
 
+def request_experts(topk_ids: torch.Tensor, tokens_per_request: int, num_ids: int) -> torch.Tensor:
+    """Distinct experts per request of a speculative verify call: request i's rows
+    ``[i*D, (i+1)*D)`` of ``topk_ids`` [T, k] together route to ``n_i`` distinct ids in
+    ``[0, num_ids)``; returns int64 ``[sum of n_i, requests with n_i > 0]`` (padded requests and rows
+    beyond the last whole request route nowhere and are not counted)."""
+    ids = topk_ids.long()
+    num_requests = ids.shape[0] // tokens_per_request
+    ids = ids[: num_requests * tokens_per_request].reshape(num_requests, tokens_per_request * ids.shape[1])
+    live = (ids >= 0) & (ids < num_ids)
+    used = torch.zeros(num_requests, num_ids + 1, dtype=torch.int64, device=ids.device)
+    used.scatter_(1, torch.where(live, ids, num_ids), 1)
+    distinct = used[:, :num_ids].sum(dim=1)
+    return torch.stack([distinct.sum(), (distinct > 0).sum()])
+
+
 def selection_metrics(keep: torch.Tensor, kept_total: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     """``[0, kept experts, retained score mass * 2**24, 1]`` of one call, int64 [4]: the columns the
     selection alone determines (the activated experts are the routing's).

@@ -39,7 +39,7 @@ import torch
 
 from ..break_even import BucketTiming, GuardTable, decide, settled
 from ..config import PrunerConfig
-from .forward_phases import decode_graphs_on, speculative
+from .forward_phases import decode_graphs_on, verify_widths
 from .model_layers import PrunerSetupError, find_moe_layers
 from .runtime import ForwardScope, PrunerRuntime
 
@@ -83,7 +83,7 @@ def plan_buckets(
     phase_configs: dict[str, PrunerConfig],
     *,
     batch_sizes: Sequence[int],
-    draft_tokens: int,
+    draft_tokens: int | Sequence[int],
     prefill_tokens: int,
 ) -> list[Bucket]:
     """The buckets of every pruned phase.
@@ -94,19 +94,23 @@ def plan_buckets(
         The config of each phase the server prunes (policy ``none`` is skipped).
     batch_sizes : sequence of int
         Decode batch sizes: the CUDA-graph buckets, or powers of two up to the request limit.
-    draft_tokens : int
-        D of speculative verify (0 or 1: the server does not verify, and verify is not timed).
+    draft_tokens : int or sequence of int
+        D of speculative verify, or every D the server may verify with (``--speculative-adaptive``:
+        one per candidate step count); values below 2 verify nothing.  A token count several D reach
+        is one bucket, timed at the largest such D (the guard judges a forward by its token count).
     prefill_tokens : int
         The largest prefill chunk (prefill and mixed buckets are powers of two up to it).
     """
+    widths = sorted({int(d) for d in ([draft_tokens] if isinstance(draft_tokens, int) else draft_tokens) if d > 1})
     buckets = []
     for phase, cfg in phase_configs.items():
         if cfg.policy == "none":
             continue
         if phase == "decode":
             buckets += [Bucket(phase, bs, 1, cfg) for bs in sorted(set(batch_sizes))]
-        elif phase == "verify" and draft_tokens > 1:
-            buckets += [Bucket(phase, bs * draft_tokens, draft_tokens, cfg) for bs in sorted(set(batch_sizes))]
+        elif phase == "verify" and widths:
+            by_tokens = {bs * d: d for d in widths for bs in set(batch_sizes)}  # the largest D wins
+            buckets += [Bucket(phase, n, d, cfg) for n, d in sorted(by_tokens.items())]
         elif phase in ("extend", "mixed"):
             buckets += [Bucket(phase, n, 1, cfg) for n in powers_of_two(min(prefill_tokens, MAX_PREFILL_BUCKET))]
     return buckets
@@ -115,14 +119,13 @@ def plan_buckets(
 def server_buckets(runner, phase_configs: dict[str, PrunerConfig]) -> list[Bucket]:
     """:func:`plan_buckets` for the server ``runner`` belongs to, as SGLang resolved its settings.
 
-    A speculative server's target model verifies and never decodes: its decode phase is not timed.
+    A speculative server's target model verifies and never decodes: its decode phase is not timed,
+    unless ``--speculative-adaptive`` may run 0 steps (a verify of one token per request, pruned as
+    decode).  Under ``--speculative-adaptive`` verify is timed at every candidate step count's D.
     """
-    from sglang.srt.runtime_context import get_spec
-
     server_args = runner.server_args
-    draft_tokens = 0
-    if speculative(server_args):
-        draft_tokens = int(get_spec().speculative_num_draft_tokens or 0)
+    draft_tokens = verify_widths(server_args)
+    if draft_tokens and 1 not in draft_tokens:
         phase_configs = {phase: cfg for phase, cfg in phase_configs.items() if phase != "decode"}
     if decode_graphs_on(server_args):
         from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture

@@ -22,14 +22,16 @@ use its ``mostrecent`` mode (which drops a series never set: they are set to 0 e
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..break_even import GuardTable
+from ..config import PHASES
 from ..policies.rewrite import RETAINED_ONE
-from .runtime import PrunerRuntime
+from .runtime import PHASE_INDEX, PrunerRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +109,51 @@ METRICS: tuple[MetricSpec, ...] = (
         "moe_pruner:selection_fallbacks",
         "counter",
         "Layer calls left unpruned because selection failed.",
+    ),
+)
+
+#: Families split by the forward's phase (``phase``: each phase the server prunes), per MoE layer.
+PHASE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "phase_activated",
+        "moe_pruner:phase_activated_experts",
+        "gauge",
+        "Mean distinct experts the routed tokens use per layer call of this phase (decode, verify, extend, "
+        "mixed), since the last report that saw the phase (0 before).",
+        per_layer=True,
+    ),
+    MetricSpec(
+        "phase_calls",
+        "moe_pruner:phase_layer_calls",
+        "counter",
+        "Pruned calls of this MoE layer in this phase that added their metrics, added at each report.",
+        per_layer=True,
+    ),
+)
+
+#: Families of a speculative server (EAGLE verify pruned, or ``--speculative-adaptive``).
+SPEC_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "request_experts",
+        "moe_pruner:verify_request_experts",
+        "gauge",
+        "Mean distinct experts one request's draft tokens use together per pruned verify layer call (the "
+        "experts a verify step adds per request), since the last report that saw a verify call (0 before).",
+        per_layer=True,
+    ),
+    MetricSpec(
+        "spec_forwards",
+        "moe_pruner:pruned_spec_forwards",
+        "counter",
+        "Pruned forwards of a speculative server's target model by draft tokens per request (draft_tokens: "
+        "steps + 1; 1 is a step of --speculative-adaptive at 0 steps, pruned as decode).",
+    ),
+    MetricSpec(
+        "spec_steps",
+        "moe_pruner:speculative_steps",
+        "gauge",
+        "Draft steps --speculative-adaptive has in force for batches of this size bucket (batch_size: a key "
+        "of its adaptive config; 0 = no drafting).",
     ),
 )
 
@@ -189,6 +236,9 @@ class MetricsReporter:
     registry : prometheus_client.CollectorRegistry, optional
         Where the families are registered (default: prometheus_client's process-wide registry,
         the one SGLang's ``/metrics`` reads through the multiprocess files).
+    draft_tokens : sequence of int
+        A speculative server's D values (steps + 1 of every step count it may run): each gets its
+        :data:`SPEC_METRICS` forward counter at 0.  Empty for a server that does not speculate.
     """
 
     def __init__(
@@ -198,31 +248,42 @@ class MetricsReporter:
         prometheus: bool,
         labels: dict[str, str] | None = None,
         registry: Any = None,
+        draft_tokens: Sequence[int] = (),
     ) -> None:
         self.runtime = runtime
         self.prometheus = prometheus
         self.labels = dict(labels or {})
         self.registry = registry
+        self.draft_tokens = tuple(sorted(set(draft_tokens)))
         self._families: dict[str, Any] | None = None
         self._reported_faults = 0
         self._layer_ids = [state.layer_id for state in sorted(runtime.layers.values(), key=lambda s: s.row)]
+        self._phases = [phase for phase in PHASES if runtime.settings.config_for(phase) is not None]
         metrics = runtime.metrics
         #: copies from a CUDA device are asynchronous; from host memory there is nothing to wait for
         self.asynchronous = metrics.device.type == "cuda"
         self._host = torch.empty(metrics.shape, dtype=metrics.dtype, pin_memory=self.asynchronous)
+        requests = runtime.request_metrics
+        self._host_requests = None
+        if requests is not None:
+            self._host_requests = torch.empty(requests.shape, dtype=requests.dtype, pin_memory=self.asynchronous)
         self._ready: Any = None  # event recorded after the copy in flight
         self._pending = False
         self._warned_unpruned = False
         if prometheus:
             self._start_series()
 
-    def on_pruned_forward(self) -> None:
-        """Count one pruned forward: read a snapshot whose copy completed, take one at the interval."""
+    def on_pruned_forward(self, tokens_per_request: int = 1) -> None:
+        """Count one pruned forward (of ``tokens_per_request`` rows per request: D of a verify, 1
+        otherwise): read a snapshot whose copy completed, take one at the interval."""
         runtime = self.runtime
         runtime.pruned_forwards += 1
         if self._families is not None:
             # host-side counters only: nothing here reads the device
             _series(self._families["forwards"], self.labels).inc()
+            if self.draft_tokens:
+                labels = {**self.labels, "draft_tokens": str(tokens_per_request)}
+                self._families["spec_forwards"].labels(**labels).inc()
             self._export_faults()
         if self._pending:
             self.collect()
@@ -236,14 +297,16 @@ class MetricsReporter:
         previous snapshot has not been read yet (the accumulators then keep summing)."""
         if self._pending:
             return False
-        metrics = self.runtime.metrics
+        sources = [(self.runtime.metrics, self._host)]
+        if self._host_requests is not None:
+            sources.append((self.runtime.request_metrics, self._host_requests))
+        for device, host in sources:
+            host.copy_(device, non_blocking=self.asynchronous)
         if self.asynchronous:
-            self._host.copy_(metrics, non_blocking=True)
             self._ready = torch.cuda.Event()
             self._ready.record()
-        else:
-            self._host.copy_(metrics)
-        metrics.zero_()
+        for device, _ in sources:
+            device.zero_()
         self._pending = True
         return True
 
@@ -253,7 +316,8 @@ class MetricsReporter:
         if not self._pending or (self._ready is not None and not self._ready.query()):
             return None
         self._pending, self._ready = False, None
-        return self._publish(self._host.clone())
+        requests = None if self._host_requests is None else self._host_requests.clone()
+        return self._publish(self._host.clone(), requests)
 
     def report(self) -> dict[str, float] | None:
         """Snapshot, wait for the copy and publish: for shutdown and tests, never on the forward path."""
@@ -266,11 +330,13 @@ class MetricsReporter:
             self._ready.synchronize()
         return self.collect()
 
-    def _publish(self, sums: torch.Tensor) -> dict[str, float] | None:
+    def _publish(self, phase_sums: torch.Tensor, requests: torch.Tensor | None = None) -> dict[str, float] | None:
+        sums = phase_sums.sum(dim=0)
         calls = sums[:, 3]
         seen = calls > 0
         if self.prometheus:
-            self._export(sums)  # also when every call fell back: the fallbacks must still be counted
+            # also when every call fell back: the fallbacks must still be counted
+            self._export(sums, phase_sums, requests)
         if not bool(seen.any()):
             return None
         self._warn_unpruned_layers(seen)
@@ -284,14 +350,27 @@ class MetricsReporter:
             "layer_calls": float(calls.sum()),
             "fallbacks": float(self.runtime.faults),
         }
+        by_phase = []
+        for phase in self._phases:
+            rows = phase_sums[PHASE_INDEX[phase]]
+            phase_seen = rows[:, 3] > 0
+            if bool(phase_seen.any()) and len(self._phases) > 1:
+                activated = float((rows[phase_seen, 0] / rows[phase_seen, 3]).mean())
+                summary[f"{phase}_activated_experts"] = activated
+                by_phase.append(f"{phase} {activated:.1f}")
+        if requests is not None and int(requests[:, 1].sum()) > 0:
+            per_request = requests[:, 1] > 0
+            summary["verify_request_experts"] = float((requests[per_request, 0] / requests[per_request, 1]).mean())
+            by_phase.append(f"per verify request {summary['verify_request_experts']:.1f}")
         every = self.runtime.settings.metrics_every
         logger.info(
-            "moe-pruner: %d pruned forwards, %d layer calls%s: activated experts %.1f, kept %.1f, "
+            "moe-pruner: %d pruned forwards, %d layer calls%s: activated experts %.1f%s, kept %.1f, "
             "retained score mass %.1f%%, selection fallbacks %d",
             self.runtime.pruned_forwards,
             int(summary["layer_calls"]),
             f" sampled (1 forward in {every})" if every > 1 else "",
             means[0],
+            f" ({', '.join(by_phase)})" if by_phase else "",
             means[1],
             100.0 * means[2],
             self.runtime.faults,
@@ -311,15 +390,24 @@ class MetricsReporter:
                 self.runtime.settings.log_interval,
             )
 
-    def _export(self, sums) -> None:
+    def _export(self, sums, phase_sums, requests) -> None:
         if self._families is None:
             self._start_series()
         families = self._families
         for row, layer_id in enumerate(self._layer_ids):
+            labels = {**self.labels, "layer": str(layer_id)}
+            for phase in self._phases:
+                phase_row = phase_sums[PHASE_INDEX[phase], row]
+                phase_calls = float(phase_row[3])
+                if phase_calls:
+                    phase_labels = {**labels, "phase": phase}
+                    families["phase_activated"].labels(**phase_labels).set(float(phase_row[0]) / phase_calls)
+                    families["phase_calls"].labels(**phase_labels).inc(phase_calls)
+            if requests is not None and "request_experts" in families and int(requests[row, 1]) > 0:
+                families["request_experts"].labels(**labels).set(float(requests[row, 0]) / float(requests[row, 1]))
             calls = float(sums[row, 3])
             if calls == 0:
                 continue
-            labels = {**self.labels, "layer": str(layer_id)}
             families["activated"].labels(**labels).set(float(sums[row, 0]) / calls)
             families["kept"].labels(**labels).set(float(sums[row, 1]) / calls)
             families["retained"].labels(**labels).set(float(sums[row, 2]) / RETAINED_ONE / calls)
@@ -349,20 +437,43 @@ class MetricsReporter:
                     gauges[key].labels(**labels).set(value)
         _series(gauges["startup"], self.labels).set(table.seconds)
 
+    def export_adaptive_steps(self, steps_by_batch_size: dict[int, int]) -> None:
+        """Publish the step count ``--speculative-adaptive`` has in force per batch-size bucket."""
+        if self._families is None or "spec_steps" not in self._families:
+            return
+        for batch_size, steps in steps_by_batch_size.items():
+            labels = {**self.labels, "batch_size": str(batch_size)}
+            self._families["spec_steps"].labels(**labels).set(float(steps))
+
+    def _label_sets(self, spec: MetricSpec) -> list[dict[str, str]]:
+        """The series of ``spec`` that exist from start-up."""
+        layers = [{**self.labels, "layer": str(layer_id)} for layer_id in self._layer_ids]
+        if spec in PHASE_METRICS:
+            return [{**labels, "phase": phase} for phase in self._phases for labels in layers]
+        if spec.key == "request_experts":
+            return layers if self.runtime.request_metrics is not None else []
+        if spec.key == "spec_forwards":
+            return [{**self.labels, "draft_tokens": str(d)} for d in self.draft_tokens]
+        if spec.key == "spec_steps":
+            return []  # created when SGLang's adaptive speculation starts (export_adaptive_steps)
+        return layers if spec.per_layer else [self.labels]
+
     def _start_series(self) -> None:
-        """Create every family of :data:`METRICS` and each of its series, at 0."""
+        """Create every family of :data:`METRICS`, :data:`PHASE_METRICS` and (on a speculative server)
+        :data:`SPEC_METRICS`, and each series known at start-up, at 0."""
         names = list(self.labels)
+        specs = [*METRICS, *PHASE_METRICS, *(SPEC_METRICS if self.draft_tokens else ())]
+        extra = {"phase_activated": ["phase"], "phase_calls": ["phase"], "spec_forwards": ["draft_tokens"]}
+        extra["spec_steps"] = ["batch_size"]
         self._families = {
-            spec.key: _family(spec, [*names, "layer"] if spec.per_layer else names, self.registry) for spec in METRICS
-        }
-        for spec in METRICS:
-            family = self._families[spec.key]
-            label_sets = (
-                [{**self.labels, "layer": str(layer_id)} for layer_id in self._layer_ids]
-                if spec.per_layer
-                else [self.labels]
+            spec.key: _family(
+                spec, [*names, *(["layer"] if spec.per_layer else []), *extra.get(spec.key, [])], self.registry
             )
-            for labels in label_sets:
+            for spec in specs
+        }
+        for spec in specs:
+            family = self._families[spec.key]
+            for labels in self._label_sets(spec):
                 series = _series(family, labels)
                 if spec.kind == "counter":
                     series.inc(0)  # creates the series; a counter never goes back

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..config import PrunerConfig
+from ..config import PHASES, PrunerConfig
 from ..devices import canonical_device
 from ..policies.call import RouterSpec
 from ..policies.moe_spec import layer_redundancy, static_positions
@@ -309,7 +309,12 @@ def make_runtime(settings: PluginSettings, states: dict[int, LayerState], device
         device=canonical_device(device),
         layers=states,
         num_valid_buffer=torch.zeros(1, dtype=torch.int32, device=device),
-        metrics=torch.zeros(len(states), len(METRIC_COLUMNS), dtype=torch.int64, device=device),
+        metrics=torch.zeros(len(PHASES), len(states), len(METRIC_COLUMNS), dtype=torch.int64, device=device),
+        request_metrics=(
+            torch.zeros(len(states), 2, dtype=torch.int64, device=device)
+            if settings.config_for("verify") is not None
+            else None
+        ),
         # sampled metrics: the gate starts open (the first pruned forward is sampled)
         metrics_gate=torch.ones(1, dtype=torch.int32, device=device) if settings.metrics_every > 1 else None,
         physical_to_logical=physical_to_logical,

@@ -39,14 +39,17 @@ from typing import Any
 import torch
 
 from ..break_even import GuardTable
-from ..config import PrunerConfig
+from ..config import PHASES, PrunerConfig
 from ..kernels import SelectionWorkspace, dependent_launch_supported, prune_route, select_keep_mask, workspace_key
 from ..policies.apply import mask_router_inputs
 from ..policies.call import RouterSpec, RoutingCall
-from ..policies.rewrite import activated_experts, rewrite_routing
+from ..policies.rewrite import activated_experts, request_experts, rewrite_routing
 from ..policies.routing import adopt_model_routing, model_routing_is_kept, route_logits
 from ..policies.scores import sanitize_logits, valid_token_mask
 from .settings import PluginSettings
+
+#: Row of each phase in :attr:`PrunerRuntime.metrics`.
+PHASE_INDEX: dict[str | None, int] = {phase: index for index, phase in enumerate(PHASES)}
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +141,12 @@ class PrunerRuntime:
     device: torch.device
     layers: dict[int, LayerState]  # keyed by id(topk_config)
     num_valid_buffer: torch.Tensor  # [1] int32, owned by the plugin, refilled before graph replays
-    metrics: torch.Tensor  # [num_layers, 4] int64: see policies.rewrite.METRIC_COLUMNS
+    # [len(PHASES), num_layers, 4] int64, per phase of the forward (config.PHASES order) and layer: see
+    # policies.rewrite.METRIC_COLUMNS
+    metrics: torch.Tensor
+    # [num_layers, 2] int64: speculative verify calls' distinct experts per request, summed, and the
+    # requests (policies.rewrite.request_experts); None where no phase verifies
+    request_metrics: torch.Tensor | None = None
     # --moe-pruner-metrics-every N > 1: [1] int32, 1 while the current forward adds its metrics (refilled
     # at a forward's start when the sampling turns it on or off); None: every forward adds them
     metrics_gate: torch.Tensor | None = None
@@ -156,6 +164,8 @@ class PrunerRuntime:
     replay_pruned: bool = False
     # --moe-pruner-guard auto: the buckets where pruning pays (None: prune every call the config covers)
     guard: GuardTable | None = None
+    # SGLang's AdaptiveSpeculativeParams of this scheduler (--speculative-adaptive), None without it
+    adaptive: Any = None
     faults: int = 0
     pruned_forwards: int = 0
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)
@@ -167,9 +177,27 @@ class PrunerRuntime:
 
     # ------------------------------------------------------------------ metrics
     def metrics_row(self, layer: LayerState) -> torch.Tensor | None:
-        """The layer's metrics row, which its calls add to; None when nothing reads the metrics
-        (``log_interval`` 0): the calls then compile and run without them."""
-        return self.metrics[layer.row] if self.settings.log_interval > 0 else None
+        """The layer's metrics row in the current forward's phase, which its calls add to; None when
+        nothing reads the metrics (``log_interval`` 0): the calls then compile and run without them."""
+        if self.settings.log_interval <= 0:
+            return None
+        return self.metrics[PHASE_INDEX.get(self.scope.phase if self.scope is not None else None, 0), layer.row]
+
+    def metrics_of(self, phase: str) -> torch.Tensor:
+        """The metrics rows of one phase, [num_layers, 4] int64 (a view)."""
+        return self.metrics[PHASE_INDEX[phase]]
+
+    def add_request_experts(self, layer: LayerState, topk_ids: torch.Tensor, num_ids: int) -> None:
+        """In a speculative verify forward: add each request's distinct experts (its D rows' routed
+        ids, ``topk_ids`` [T, k]) to the layer's request metrics, behind the metrics gate; nothing in
+        other phases or with the metrics off."""
+        scope = self.scope
+        if self.request_metrics is None or scope is None or scope.phase != "verify" or self.metrics_row(layer) is None:
+            return
+        counts = request_experts(topk_ids, scope.tokens_per_request, num_ids)
+        if self.metrics_gate is not None:
+            counts = counts * self.metrics_gate[0]
+        self.request_metrics[layer.row].add_(counts)
 
     def sample_metrics(self) -> None:
         """Open the metrics gate for a forward the sampling takes (every ``metrics_every``-th pruned
@@ -379,6 +407,10 @@ class PrunerRuntime:
                 logger.warning("xshare: dependent launches turned off on %s after a fault", router_logits.device)
             self.record_fault(layer, exc)
             return None
+        try:
+            self.add_request_experts(layer, ids, layer.num_experts)
+        except Exception as exc:  # the call was routed; only its request metrics are lost
+            self.record_fault(layer, exc)
         if self.recorder is not None and self.recorder.current is not None:
             self.recorder.record_keep(layer.row, layer.keep)
         return ids, weights
@@ -407,6 +439,7 @@ class PrunerRuntime:
         num_ids = layer.num_experts if p2l is None else p2l.shape[0]
         if self.metrics_row(layer) is not None:
             self.add_activated(layer, activated_experts(topk_ids, num_ids))
+            self.add_request_experts(layer, topk_ids, num_ids)
 
     def _select_into_layer(self, call: ActiveCall, router_logits: torch.Tensor) -> None:
         """The call's keep mask into ``layer.keep`` (and, where a test set ``layer.stats``, its score
@@ -498,7 +531,9 @@ class PrunerRuntime:
                     correction_bias=bias,
                 )
                 valid = valid_token_mask(ids.shape[0], call.num_valid, ids.device)[:, None]
-                self.add_activated(layer, activated_experts(torch.where(valid, ids, -1), layer.num_experts))
+                routed = torch.where(valid, ids, -1)
+                self.add_activated(layer, activated_experts(routed, layer.num_experts))
+                self.add_request_experts(layer, routed, layer.num_experts)
         except Exception as exc:  # the call was routed; only its activated count is lost
             self.record_fault(layer, exc)
 
@@ -527,6 +562,11 @@ def _masked_bias_buffer(layer: LayerState, correction_bias: torch.Tensor | None)
     if layer.masked_bias is None or layer.masked_bias.dtype != correction_bias.dtype:
         layer.masked_bias = torch.empty_like(correction_bias)
     return layer.masked_bias
+
+
+def adaptive_steps(params: Any) -> dict[int, int]:
+    """The step count in force per batch-size bucket of SGLang's ``AdaptiveSpeculativeParams``."""
+    return {int(batch_size): int(slot.current_steps) for batch_size, slot in sorted(params._slots.items())}
 
 
 _RUNTIME: PrunerRuntime | None = None

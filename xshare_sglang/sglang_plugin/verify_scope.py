@@ -2,7 +2,9 @@
 
 Grouping is static: request i owns rows ``[i*D, (i+1)*D)``, D being the verify input's
 ``draft_token_num`` (eager) or the graph runner's captured width (CUDA graphs); the real-token count
-(``raw_bs * D`` on replay) already excludes padded requests.  Vote weights are built only when the
+(``raw_bs * D`` on replay) already excludes padded requests.  D follows the step count in force under
+``--speculative-adaptive`` (each step count has its own verify inputs and graphs, D = steps + 1); a
+verify of D = 1 (0 steps) is a decode step and takes the decode phase's config.  Vote weights are built only when the
 verify config sets ``depth_decay`` or ECHO cuts draft trees: from the positions (depth = position
 minus the root's) and from the tree links (nodes the root cannot reach never vote).  In a CUDA
 graph the weights are computed by recorded ops from the graph's static positions and a plugin
@@ -17,7 +19,7 @@ import torch
 
 from ..spec import acceptable_nodes, draft_depths, vote_weights
 from .echo_runtime import get_echo_runtime
-from .forward_phases import phase_of
+from .forward_phases import phase_of, pruned_phase
 from .runtime import ForwardScope, PrunerRuntime
 
 logger = logging.getLogger(__name__)
@@ -68,12 +70,14 @@ def _num_tokens(forward_batch) -> int | None:
 
 def eager_scope(runtime: PrunerRuntime, forward_batch) -> ForwardScope:
     """Scope of an eagerly run forward (vote weights are computed only if a layer call needs them)."""
-    phase = phase_of(forward_batch.forward_mode)
+    spec_info = forward_batch.spec_info
+    tokens_per_request = 1
+    if phase_of(forward_batch.forward_mode) == "verify":
+        tokens_per_request = int(getattr(spec_info, "draft_token_num", 1) or 1)
+    phase = pruned_phase(forward_batch.forward_mode, tokens_per_request)
     cfg = runtime.config_for(phase, _num_tokens(forward_batch))
     if phase != "verify":
         return ForwardScope(phase=phase, cfg=cfg)
-    spec_info = forward_batch.spec_info
-    tokens_per_request = int(getattr(spec_info, "draft_token_num", 1) or 1)
     if getattr(spec_info, "ragged_verify_layout", None) is not None and _ragged(runtime, phase):
         return ForwardScope(phase=phase, tokens_per_request=tokens_per_request, cfg=None)
     scope = ForwardScope(phase=phase, tokens_per_request=tokens_per_request, cfg=cfg)
@@ -91,9 +95,9 @@ def eager_scope(runtime: PrunerRuntime, forward_batch) -> ForwardScope:
 
 def graph_scope(runtime: PrunerRuntime, graph_runner, forward_batch) -> ForwardScope:
     """Scope of a decode/verify CUDA graph, published while it is warmed up and captured."""
-    phase = phase_of(graph_runner.capture_forward_mode)
-    cfg = runtime.config_for(phase, _num_tokens(forward_batch))
     tokens_per_request = graph_runner.captured_req_width
+    phase = pruned_phase(graph_runner.capture_forward_mode, tokens_per_request)
+    cfg = runtime.config_for(phase, _num_tokens(forward_batch))
     scope = ForwardScope(
         phase=phase, tokens_per_request=tokens_per_request, num_valid=runtime.num_valid_buffer, cfg=cfg
     )
@@ -120,7 +124,7 @@ def refill_graph_inputs(runtime: PrunerRuntime, graph_runner, forward_batch) -> 
     """Before a replay: the real-token count, whether the graph was captured pruned, and the acceptable
     nodes of a verify graph with votes."""
     runtime.num_valid_buffer.fill_(graph_runner.raw_num_token)
-    phase = phase_of(graph_runner.capture_forward_mode)
+    phase = pruned_phase(graph_runner.capture_forward_mode, graph_runner.captured_req_width)
     runtime.replay_pruned = runtime.graph_pruned.get((phase, graph_runner.bs * graph_runner.captured_req_width), False)
     if not runtime.acceptable_buffers or phase != "verify":
         return

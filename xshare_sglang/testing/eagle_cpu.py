@@ -71,15 +71,20 @@ def tree_verify_attention(
     ``query`` is ``[bs * N, heads, head_dim]``, request-major; ``prefix_lens[b]`` is the committed
     length of request ``b``, whose N draft tokens sit at ``req_to_token[rpi[b], prefix:prefix + N]``;
     ``tree_mask`` is SGLang's QLEN_ONLY ``custom_mask`` (``bs * N * N`` bools, row q of block b says
-    which draft tokens draft token q sees).  Returns ``[bs * N, heads, v_head_dim]``.
+    which draft tokens draft token q sees), not read when N is 1.  Returns ``[bs * N, heads, v_head_dim]``.
     """
     bs = prefix_lens.shape[0]
     n = num_draft
-    if tree_mask.numel() != bs * n * n:
+    if n == 1:
+        # a one-node tree (adaptive speculation at 0 steps) sees its whole prefix and itself; SGLang then
+        # passes an all-True mask of whatever size it had at hand (eagle_worker_v2's trivial verify input)
+        blocks = torch.ones((bs, 1, 1), dtype=torch.bool, device=query.device)
+    elif tree_mask.numel() != bs * n * n:
         raise ValueError(
             f"tree verify on torch_native expects a QLEN_ONLY mask of {bs}*{n}*{n} entries, got {tree_mask.numel()}"
         )
-    blocks = tree_mask.view(bs, n, n).to(torch.bool)
+    else:
+        blocks = tree_mask.view(bs, n, n).to(torch.bool)
     heads = query.shape[1]
     out = query.new_empty((query.shape[0], heads, v_head_dim or v_cache.shape[-1]))
     for b in range(bs):

@@ -4,6 +4,8 @@ replace, as ``HookType`` values) and ``hook``.
 """
 
 from . import (
+    adaptive_params_init,
+    adaptive_params_verify,
     decode_graph_load_batch,
     dispatch_transform_inputs,
     eagle_build_verify_input,
@@ -36,6 +38,8 @@ ROUTING_HOOKS = (
     topk_forward_cuda,
     eplb_update,
     moe_config_lookup,
+    adaptive_params_init,
+    adaptive_params_verify,
 )
 
 #: Registered where ECHO schedules draft trees or logs their confidences.

@@ -66,4 +66,4 @@ def hook(original, self, forward_batch, *args, **kwargs):
         # (prefill graphs never are; decode/verify graphs unless their capture fell back)
         replayed = bool(getattr(result, "can_run_graph", False))
         if pruned and (not replayed or runtime.replay_pruned) and runtime.reporter is not None:
-            runtime.reporter.on_pruned_forward()
+            runtime.reporter.on_pruned_forward(scope.tokens_per_request)

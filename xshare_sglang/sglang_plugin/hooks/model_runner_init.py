@@ -20,7 +20,7 @@ import logging
 import torch
 
 from .. import liveness
-from ..forward_phases import decode_graphs_on, phase_of
+from ..forward_phases import decode_graphs_on, pruned_phase, verify_widths
 from ..metrics import MetricsReporter
 from ..model_checks import untied_lm_head_problem
 from ..model_layers import PrunerSetupError, build_runtime
@@ -49,7 +49,10 @@ def capture_head(graph_runner, forward_batch) -> None:
     except Exception as exc:  # this graph is captured unpruned rather than not at all
         runtime.record_fault(f"the capture of a {graph_runner.capture_forward_mode} graph", exc)
         scope = None
-    key = (phase_of(graph_runner.capture_forward_mode), forward_batch.input_ids.shape[0])
+    key = (
+        pruned_phase(graph_runner.capture_forward_mode, graph_runner.captured_req_width),
+        forward_batch.input_ids.shape[0],
+    )
     runtime.graph_pruned[key] = scope is not None and scope.cfg is not None
     runtime.enter(scope)
 
@@ -82,7 +85,10 @@ def hook(result, self, *args, **kwargs):
     runtime = build_runtime(settings, self.model, self.device, ep_size=parallel.moe_ep_size)
     runtime.runner = self
     runtime.reporter = MetricsReporter(
-        runtime, prometheus=_metrics_enabled(), labels={"tp_rank": str(parallel.tp_rank)}
+        runtime,
+        prometheus=_metrics_enabled(),
+        labels={"tp_rank": str(parallel.tp_rank)},
+        draft_tokens=verify_widths(getattr(self, "server_args", None)),
     )
     if settings.trace_dir is not None:
         runtime.recorder = _trace_recorder(settings, runtime, self, rank=parallel.tp_rank)

@@ -118,3 +118,66 @@ def test_metrics_show_each_step_count_pruned(adaptive_server) -> None:
     assert per_request and all(0 < value <= 32 for value in per_request.values()), per_request
     calls = metrics["moe_pruner:phase_layer_calls_total"]
     assert all(value > 0 for value in calls.values()), calls
+
+
+# Expert-aware tiers: the start-up guard on, with pruned verify (one expert beyond each token's own).
+TIERED = [
+    *("--moe-pruner", "xshare", "--moe-pruner-k0", "1", "--moe-pruner-budget", "2"),
+    *("--moe-pruner-verify", "xshare-spec", "--moe-pruner-log-interval", "10"),
+    *("--moe-pruner-guard", "auto", "--moe-pruner-guard-seconds", "20", "--max-running-requests", "8"),
+]
+TIER_LINE = re.compile(r"moe-pruner tiers: batch bucket (\d+): steps \[([\d, ]*)\] of \[([\d, ]*)\] \(([^)]*)\)")
+
+
+@pytest.fixture(scope="module")
+def tiered_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("adaptive-tiers")
+    draft = make_tiny_eagle3_draft(folder / "draft", seed=0)
+    config = folder / "adaptive.json"
+    config.write_text(json.dumps(ADAPTIVE_CONFIG))
+    flags = [
+        *("--dtype", "float32", "--enable-metrics", "--page-size", "1"),
+        *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft)),
+        *("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"),
+        *("--speculative-adaptive", "--speculative-adaptive-config", str(config)),
+        *TIERED,
+    ]
+    server = LiveServer(flags, folder / "server.log", interpreter=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.break_even
+def test_expert_aware_tiers_decide_from_measured_costs(tiered_server) -> None:
+    """The guard times the MoE stack of every bucket and step count at start-up; under traffic the
+    tiers log each bucket's decision with the rates it rests on, and SGLang's step count of every
+    bucket stays among the steps the tiers allow (gauges from start-up)."""
+    server = tiered_server
+    log = server.log()
+    assert "moe-pruner tiers: expert-aware --speculative-adaptive tiers on" in log, log[-3000:]
+    for bucket in ADAPTIVE_CONFIG:
+        assert f"batch bucket {bucket}: " in log.split("the MoE stack per step:")[1].splitlines()[0]
+    for _ in range(2):
+        for prompt in PROMPTS[:3]:
+            assert server.generate(prompt, NEW_TOKENS)["meta_info"]["completion_tokens"] == NEW_TOKENS
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            answers = list(pool.map(lambda p: server.generate(p, NEW_TOKENS), PROMPTS))
+        assert all(answer["meta_info"]["completion_tokens"] == NEW_TOKENS for answer in answers)
+    decided = {}
+    for bucket, allowed, candidates, reason in TIER_LINE.findall(server.log()):
+        decided[bucket] = ([int(s) for s in allowed.split(",") if s.strip()], [int(s) for s in candidates.split(",")])
+        assert reason
+    assert set(decided) == set(ADAPTIVE_CONFIG), decided
+    metrics = server.metrics()
+    allowed_gauge = {
+        (dict(labels)["batch_size"], int(dict(labels)["steps"])): value
+        for labels, value in metrics["moe_pruner:spec_tier_allowed"].items()
+    }
+    steps_gauge = {
+        dict(labels)["batch_size"]: int(value) for labels, value in metrics["moe_pruner:speculative_steps"].items()
+    }
+    for bucket, (allowed, candidates) in decided.items():
+        assert candidates == ADAPTIVE_CONFIG[bucket]["candidate_steps"]
+        assert {s for s in candidates if allowed_gauge[(bucket, s)] == 1.0} == set(allowed)
+        assert steps_gauge[bucket] in allowed, (bucket, steps_gauge, allowed)
+    assert server.alive() and "selection failed" not in server.log()

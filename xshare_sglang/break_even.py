@@ -141,11 +141,15 @@ class GuardTable:
         Start-up time the guard took.
     source : str
         Where the timed layers' router logits came from (for the log).
+    timed_layers : int
+        MoE layers each timed pass went over (0 where not recorded): the pass times are that many
+        layers' worth.
     """
 
     decisions: tuple[BucketDecision, ...]
     seconds: float = 0.0
     source: str = ""
+    timed_layers: int = 0  # MoE layers each timed pass went over (0: not recorded)
     _buckets: dict[str, tuple[list[int], list[bool]]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +166,15 @@ class GuardTable:
     def guards(self, phase: str | None) -> bool:
         """Whether the guard timed this phase (a phase it did not time is never pruned)."""
         return phase in self._buckets
+
+    def decision_for(self, phase: str | None, num_tokens: int) -> BucketDecision | None:
+        """The decision a forward of ``num_tokens`` tokens in ``phase`` is judged by (the smallest timed
+        bucket that holds it, or the largest); None for a phase the guard did not time."""
+        rows = sorted((d for d in self.decisions if d.phase == phase), key=lambda d: d.num_tokens)
+        if not rows:
+            return None
+        index = bisect.bisect_left([d.num_tokens for d in rows], num_tokens)
+        return rows[min(index, len(rows) - 1)]
 
     def prunes(self, phase: str | None, num_tokens: int) -> bool:
         """Whether a forward of ``num_tokens`` real (or padded) tokens in ``phase`` is pruned."""

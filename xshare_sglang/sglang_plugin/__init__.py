@@ -11,8 +11,9 @@ process (``SystemExit``) instead of serving unpruned.
 from __future__ import annotations
 
 import logging
+import os
 
-from .settings import ENV_VAR, PluginSettings, settings_from_env
+from .settings import ADAPTIVE_ENV_VAR, ENV_VAR, PluginSettings, settings_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ def register() -> None:
     wanted = ()
     if settings.enabled or settings.trace_dir is not None:
         wanted += hooks.ROUTING_HOOKS
+        if os.environ.get(ADAPTIVE_ENV_VAR) == "1":
+            wanted += hooks.ADAPTIVE_HOOKS
     if settings.echo_active:
         wanted += hooks.ECHO_HOOKS
     for module in wanted:

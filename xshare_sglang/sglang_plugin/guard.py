@@ -493,7 +493,7 @@ def run_guard(runtime: PrunerRuntime, runner) -> GuardTable:
             replace(d, prune=(d.phase, d.num_tokens) in forced, reason=f"{d.reason}; forced for a test")
             for d in decisions
         )
-    table = GuardTable(decisions, seconds=time.perf_counter() - began, source=source)
+    table = GuardTable(decisions, seconds=time.perf_counter() - began, source=source, timed_layers=len(layers))
     _log(table, layers, timings)
     untimed = sorted(phase for phase in configs if not table.guards(phase))
     if untimed:

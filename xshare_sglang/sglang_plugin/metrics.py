@@ -155,6 +155,13 @@ SPEC_METRICS: tuple[MetricSpec, ...] = (
         "Draft steps --speculative-adaptive has in force for batches of this size bucket (batch_size: a key "
         "of its adaptive config; 0 = no drafting).",
     ),
+    MetricSpec(
+        "tier_allowed",
+        "moe_pruner:spec_tier_allowed",
+        "gauge",
+        "1 where the expert-aware tiers (--moe-pruner-guard auto with --speculative-adaptive) let this batch "
+        "bucket run this step count, 0 where they took it out of SGLang's candidates.",
+    ),
 )
 
 #: The start-up guard's families (``--moe-pruner-guard auto`` only), labelled by phase and bucket
@@ -445,6 +452,16 @@ class MetricsReporter:
             labels = {**self.labels, "batch_size": str(batch_size)}
             self._families["spec_steps"].labels(**labels).set(float(steps))
 
+    def export_tiers(self, decisions) -> None:
+        """Publish the expert-aware tiers: 1 for each (bucket, step count) they allow, 0 for the
+        candidates they took out (``decisions``: batch size -> ``spec_tiers.TierDecision``)."""
+        if self._families is None or "tier_allowed" not in self._families:
+            return
+        for decision in decisions.values():
+            for steps in decision.candidates:
+                labels = {**self.labels, "batch_size": str(decision.batch_size), "steps": str(steps)}
+                self._families["tier_allowed"].labels(**labels).set(1.0 if steps in decision.allowed else 0.0)
+
     def _label_sets(self, spec: MetricSpec) -> list[dict[str, str]]:
         """The series of ``spec`` that exist from start-up."""
         layers = [{**self.labels, "layer": str(layer_id)} for layer_id in self._layer_ids]
@@ -454,8 +471,8 @@ class MetricsReporter:
             return layers if self.runtime.request_metrics is not None else []
         if spec.key == "spec_forwards":
             return [{**self.labels, "draft_tokens": str(d)} for d in self.draft_tokens]
-        if spec.key == "spec_steps":
-            return []  # created when SGLang's adaptive speculation starts (export_adaptive_steps)
+        if spec.key in ("spec_steps", "tier_allowed"):
+            return []  # created when SGLang's adaptive speculation starts (export_adaptive_steps, export_tiers)
         return layers if spec.per_layer else [self.labels]
 
     def _start_series(self) -> None:
@@ -465,6 +482,7 @@ class MetricsReporter:
         specs = [*METRICS, *PHASE_METRICS, *(SPEC_METRICS if self.draft_tokens else ())]
         extra = {"phase_activated": ["phase"], "phase_calls": ["phase"], "spec_forwards": ["draft_tokens"]}
         extra["spec_steps"] = ["batch_size"]
+        extra["tier_allowed"] = ["batch_size", "steps"]
         self._families = {
             spec.key: _family(
                 spec, [*names, *(["layer"] if spec.per_layer else []), *extra.get(spec.key, [])], self.registry

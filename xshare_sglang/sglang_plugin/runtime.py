@@ -166,6 +166,8 @@ class PrunerRuntime:
     guard: GuardTable | None = None
     # SGLang's AdaptiveSpeculativeParams of this scheduler (--speculative-adaptive), None without it
     adaptive: Any = None
+    # its expert-aware tiers (adaptive_tiers.AdaptiveTiers; with --moe-pruner-guard auto), None without
+    tiers: Any = None
     faults: int = 0
     pruned_forwards: int = 0
     _last_fault_log: float = field(default=-FAULT_LOG_PERIOD_S, repr=False)

@@ -34,6 +34,9 @@ from ..errors import ConfigError
 from ..spec.echo.settings import EchoSettings
 
 ENV_VAR = "XSHARE_MOE_PRUNER_CONFIG"
+#: Set to "1" by the launch (``server_args_from_cli_args``) for a server started with
+#: ``--speculative-adaptive``: its processes then also hook SGLang's adaptive speculation.
+ADAPTIVE_ENV_VAR = "XSHARE_SPECULATIVE_ADAPTIVE"
 DEFAULT_LOG_INTERVAL = 200
 #: Every pruned forward adds its layer calls' metrics (the kernels then pay for them on every call).
 DEFAULT_METRICS_EVERY = 1

@@ -11,6 +11,7 @@ from . import (
     eagle_build_verify_input,
     eagle_organize_draft_results,
     eagle_sample,
+    eagle_worker_step,
     eplb_update,
     model_runner_forward_raw,
     model_runner_init,
@@ -38,9 +39,10 @@ ROUTING_HOOKS = (
     topk_forward_cuda,
     eplb_update,
     moe_config_lookup,
-    adaptive_params_init,
-    adaptive_params_verify,
 )
+
+#: Registered where the pruner is on in a server started with ``--speculative-adaptive``.
+ADAPTIVE_HOOKS = (adaptive_params_init, adaptive_params_verify, eagle_worker_step)
 
 #: Registered where ECHO schedules draft trees or logs their confidences.
 ECHO_HOOKS = (eagle_organize_draft_results, eagle_build_verify_input, eagle_sample)

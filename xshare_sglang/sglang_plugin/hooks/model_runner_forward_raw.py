@@ -13,7 +13,8 @@ the replayed graphs read).  After a forward that ran pruned routing, count it fo
 report: an eager forward of a pruned phase, or the replay of a graph captured pruned (SGLang says
 whether a graph replayed, ``ModelRunnerOutput.can_run_graph``; the ``load_batch`` hook says whether
 a decode/verify graph was captured pruned; prefill graphs are captured without the pruner).  With
-``--moe-pruner-trace-dir``, tell the trace recorder where a forward starts and ends.
+``--moe-pruner-trace-dir``, tell the trace recorder where a forward starts and ends.  With the
+expert-aware speculation tiers on, time each decode/verify forward for them (``adaptive_tiers``).
 Remove when: SGLang exposes the ForwardBatch (or mode and layout) in its forward context.
 """
 
@@ -52,8 +53,14 @@ def hook(original, self, forward_batch, *args, **kwargs):
             recorder.current = None
             runtime.record_fault("the trace recorder", exc)
     result = None
+    tiers, started = runtime.tiers, None
+    if tiers is not None and scope is not None and scope.phase in ("decode", "verify"):
+        started = tiers.clock.start()
     try:
         result = original(self, forward_batch, *args, **kwargs)
+        if started is not None:
+            key = ("target", tiers.bucket_of(int(forward_batch.batch_size)), scope.tokens_per_request)
+            tiers.measured(tiers.clock.stop(started, key))
         return result
     finally:
         if recorder is not None:

@@ -16,6 +16,7 @@ Remove when: SGLang offers a model-loaded plugin event and a per-forward context
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -25,7 +26,7 @@ from ..metrics import MetricsReporter
 from ..model_checks import untied_lm_head_problem
 from ..model_layers import PrunerSetupError, build_runtime
 from ..runtime import get_runtime, set_runtime
-from ..settings import settings_from_env
+from ..settings import ADAPTIVE_ENV_VAR, settings_from_env
 from ..verify_scope import graph_scope
 
 logger = logging.getLogger(__name__)
@@ -76,9 +77,10 @@ def hook(result, self, *args, **kwargs):
         return None
     from sglang.srt.runtime_context import get_parallel
 
-    from . import ROUTING_HOOKS
+    from . import ADAPTIVE_HOOKS, ROUTING_HOOKS
 
-    missing = liveness.unhooked(ROUTING_HOOKS)
+    hooked = ROUTING_HOOKS + (ADAPTIVE_HOOKS if os.environ.get(ADAPTIVE_ENV_VAR) == "1" else ())
+    missing = liveness.unhooked(hooked)
     if missing:
         raise PrunerSetupError(f"moe-pruner: hooks not in place, refusing to start: {', '.join(missing)}")
     parallel = get_parallel()
@@ -101,9 +103,7 @@ def hook(result, self, *args, **kwargs):
         settings.summary(),
         len(runtime.layers),
         rank_label(parallel),
-        ", ".join(
-            module.TARGET.rsplit(".", 2)[-2] + "." + module.TARGET.rsplit(".", 1)[-1] for module in ROUTING_HOOKS
-        ),
+        ", ".join(module.TARGET.rsplit(".", 2)[-2] + "." + module.TARGET.rsplit(".", 1)[-1] for module in hooked),
     )
     return None
 

@@ -7,7 +7,9 @@ server's own request limit, which SGLang resolves only when it allocates the KV-
 ``ModelRunner.__init__``), and it must decide before any decode graph is captured, so that each graph
 is captured with its bucket's decision.
 How: for the target ModelRunner only, once (a later recapture keeps the first decision): run the guard
-(``guard.run_guard``) into ``PrunerRuntime.guard`` and publish its gauges.  A guard that cannot time
+(``guard.run_guard``) into ``PrunerRuntime.guard`` and publish its gauges; under
+``--speculative-adaptive`` (SGLang built its ``AdaptiveSpeculativeParams`` with the workers, before
+this) start the expert-aware tiers from the guard's timings (``adaptive_tiers``).  A guard that cannot time
 stops the server with a message instead of serving on a guess.
 Remove when: SGLang offers a plugin event between memory-pool allocation and graph capture.
 """
@@ -40,4 +42,8 @@ def hook(self, *args, **kwargs):
         ) from exc
     if runtime.reporter is not None:
         runtime.reporter.export_guard(runtime.guard)
+    if runtime.adaptive is not None:
+        from ..adaptive_tiers import start_tiers
+
+        start_tiers(runtime)
     return None

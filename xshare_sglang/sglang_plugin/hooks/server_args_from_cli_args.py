@@ -5,11 +5,13 @@ silently; and spawned scheduler processes must learn the config.
 How: read our flags from the argparse namespace, merge them over ``--moe-pruner-config`` and the
 environment's JSON, validate the result once (also against the serving modes the pruner cannot
 honour, see ``mode_checks``), and publish it in ``XSHARE_MOE_PRUNER_CONFIG`` (inherited by every
-process SGLang spawns afterwards) and as the bookkeeping attribute ``ServerArgs._moe_pruner_config``
-(survives pickling).  An invalid value, ECHO flags with a speculative configuration ECHO cannot
-serve, a serving mode the pruner cannot make exact, or a setting the model's ``config.json``
-contradicts (``k0`` above its top-k, a calibration file of another shape; see ``model_shape``) ends
-the launch here, before any process is spawned, with exit code 2 and one line naming the flag.
+process SGLang spawns afterwards; with ``--speculative-adaptive`` also
+``XSHARE_SPECULATIVE_ADAPTIVE=1``, so that those processes hook SGLang's adaptive speculation) and
+as the bookkeeping attribute ``ServerArgs._moe_pruner_config`` (survives pickling).  An invalid
+value, ECHO flags with a speculative configuration ECHO cannot serve, a serving mode the pruner
+cannot make exact, or a setting the model's ``config.json`` contradicts (``k0`` above its top-k, a
+calibration file of another shape; see ``model_shape``) ends the launch here, before any process is
+spawned, with exit code 2 and one line naming the flag.
 Remove when: SGLang lets plugins declare fields of their own on ``ServerArgs``.
 """
 
@@ -19,7 +21,7 @@ import logging
 import os
 
 from ..flags import typed_settings, usage_error
-from ..settings import ENV_VAR, environment_settings
+from ..settings import ADAPTIVE_ENV_VAR, ENV_VAR, environment_settings
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ def hook(result, cls, args, *rest, **kwargs):
         usage_error(reason)
     text = settings.to_json()
     os.environ[ENV_VAR] = text
+    if getattr(result, "speculative_adaptive", False):
+        os.environ[ADAPTIVE_ENV_VAR] = "1"
+    else:
+        os.environ.pop(ADAPTIVE_ENV_VAR, None)
     setattr(result, ATTRIBUTE, text)
     logger.info("moe-pruner configured: %s", settings.summary())
     return None

@@ -1,7 +1,8 @@
 """SGLang's adaptive speculation (``--speculative-adaptive``) served under the pruner, live on the CPU
 engine: exact at every step count it passes through, pruned at each of them.
 
-One server: the shipped tiny Qwen3-MoE target, an EAGLE-3 draft head, top-k 1 and 3 steps to start,
+One server: the shipped tiny Qwen3-MoE target, its shipped trained EAGLE-3 head
+(``data/tiny_eagle3``, ``scripts/train_tiny_eagle3.py``), top-k 1 and 3 steps to start,
 with an adaptive config that lets SGLang move early (two warm-up verifies, a decision after every
 verify) between 1 and 3 steps for single requests and between 0, 1 and 3 steps for batches of four
 and more.  The pruner keeps every expert the tokens pick, at decode (``xshare``, k0 = top-k, budget 0)
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.live_server import LiveServer, unpruned_args
-from xshare_sglang.testing.eagle_draft import make_tiny_eagle3_draft
+from xshare_sglang.tiny.tiny_model import tiny_eagle3_dir
 
 pytestmark = [pytest.mark.live_server, pytest.mark.adaptive_spec]
 
@@ -37,10 +38,12 @@ PROMPTS = [
     "Dear team, the release",
 ]
 CONCURRENCY = 8
-#: Step counts per batch-size bucket: 1 request may run 1 or 3 steps, 4 and more 0, 1 or 3.
+#: Step counts per batch-size bucket: 1 request may run 1 or 3 steps, 4 and more 0, 1 or 3.  Batches of
+#: four and more drop whatever the draft accepts (down hysteresis 2: every threshold 2 higher), then
+#: probe 1 step again after each 0-step interval: the run passes through 3, 1 and 0 steps.
 ADAPTIVE_CONFIG = {
     "1": {"candidate_steps": [1, 3], "warmup_batches": 2, "update_interval": 1},
-    "4": {"candidate_steps": [0, 1, 3], "warmup_batches": 2, "update_interval": 1},
+    "4": {"candidate_steps": [0, 1, 3], "warmup_batches": 2, "update_interval": 1, "down_hysteresis": 2.0},
 }
 KEEP_ALL = [
     *("--moe-pruner", "xshare", "--moe-pruner-k0", "4", "--moe-pruner-budget", "0"),
@@ -59,7 +62,7 @@ def plain_answers(live_servers) -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def adaptive_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("adaptive")
-    draft = make_tiny_eagle3_draft(folder / "draft", seed=0)
+    draft = tiny_eagle3_dir()
     config = folder / "adaptive.json"
     config.write_text(json.dumps(ADAPTIVE_CONFIG))
     flags = [
@@ -126,15 +129,20 @@ TIERED = [
     *("--moe-pruner-verify", "xshare-spec", "--moe-pruner-log-interval", "10"),
     *("--moe-pruner-guard", "auto", "--moe-pruner-guard-seconds", "20", "--max-running-requests", "8"),
 ]
+#: SGLang's own moves, unforced: the tiers decide what it may move between.
+TIERS_CONFIG = {
+    "1": {"candidate_steps": [1, 3], "warmup_batches": 2, "update_interval": 1},
+    "4": {"candidate_steps": [0, 1, 3], "warmup_batches": 2, "update_interval": 1},
+}
 TIER_LINE = re.compile(r"moe-pruner tiers: batch bucket (\d+): steps \[([\d, ]*)\] of \[([\d, ]*)\] \(([^)]*)\)")
 
 
 @pytest.fixture(scope="module")
 def tiered_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("adaptive-tiers")
-    draft = make_tiny_eagle3_draft(folder / "draft", seed=0)
+    draft = tiny_eagle3_dir()
     config = folder / "adaptive.json"
-    config.write_text(json.dumps(ADAPTIVE_CONFIG))
+    config.write_text(json.dumps(TIERS_CONFIG))
     flags = [
         *("--dtype", "float32", "--enable-metrics", "--page-size", "1"),
         *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft)),
@@ -155,7 +163,7 @@ def test_expert_aware_tiers_decide_from_measured_costs(tiered_server) -> None:
     server = tiered_server
     log = server.log()
     assert "moe-pruner tiers: expert-aware --speculative-adaptive tiers on" in log, log[-3000:]
-    for bucket in ADAPTIVE_CONFIG:
+    for bucket in TIERS_CONFIG:
         assert f"batch bucket {bucket}: " in log.split("the MoE stack per step:")[1].splitlines()[0]
     for _ in range(2):
         for prompt in PROMPTS[:3]:
@@ -167,7 +175,7 @@ def test_expert_aware_tiers_decide_from_measured_costs(tiered_server) -> None:
     for bucket, allowed, candidates, reason in TIER_LINE.findall(server.log()):
         decided[bucket] = ([int(s) for s in allowed.split(",") if s.strip()], [int(s) for s in candidates.split(",")])
         assert reason
-    assert set(decided) == set(ADAPTIVE_CONFIG), decided
+    assert set(decided) == set(TIERS_CONFIG), decided
     metrics = server.metrics()
     allowed_gauge = {
         (dict(labels)["batch_size"], int(dict(labels)["steps"])): value
@@ -177,7 +185,7 @@ def test_expert_aware_tiers_decide_from_measured_costs(tiered_server) -> None:
         dict(labels)["batch_size"]: int(value) for labels, value in metrics["moe_pruner:speculative_steps"].items()
     }
     for bucket, (allowed, candidates) in decided.items():
-        assert candidates == ADAPTIVE_CONFIG[bucket]["candidate_steps"]
+        assert candidates == TIERS_CONFIG[bucket]["candidate_steps"]
         assert {s for s in candidates if allowed_gauge[(bucket, s)] == 1.0} == set(allowed)
         assert steps_gauge[bucket] in allowed, (bucket, steps_gauge, allowed)
     assert server.alive() and "selection failed" not in server.log()

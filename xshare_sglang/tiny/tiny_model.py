@@ -36,6 +36,12 @@ def tiny_model_dir(name: str = "tiny") -> Path:
     return Path(str(resources.files("xshare_sglang") / "data" / SHIPPED_MODELS[name]))
 
 
+def tiny_eagle3_dir() -> Path:
+    """Folder of the shipped EAGLE-3 draft head of the tiny model (``scripts/train_tiny_eagle3.py``;
+    SGLang's ``--speculative-algorithm EAGLE3 --speculative-draft-model-path``)."""
+    return Path(str(resources.files("xshare_sglang") / "data" / "tiny_eagle3"))
+
+
 def model_dir_arg(value: str | None) -> Path:
     """``--model``: a shipped model's name (tiny, e128) or a checkpoint folder; the demo model by default."""
     if value is None:

@@ -82,10 +82,6 @@ def test_server_args_may_not_hold_pruner_or_managed_flags(tmp_path, flags, messa
         ({"output_len": 2}, "--output-len"),
         ({"model_path": ""}, "--model-path"),
         ({"arms": (Arm(name="baseline"),)}, "no candidate arm"),
-        (
-            {"arms": (Arm(name="a"), Arm(name="b"), candidate_arm("xshare"))},
-            "exactly one arm may run with the pruner off",
-        ),
         ({"arms": (candidate_arm("xshare"), candidate_arm("xshare"))}, "repeated: xshare"),
         ({"arms": (Arm(name="baseline", pruner={"policy": "xshare"}),)}, "reserved"),
         ({"datasets": (), "accuracy": False}, "nothing to run"),
@@ -94,6 +90,20 @@ def test_server_args_may_not_hold_pruner_or_managed_flags(tmp_path, flags, messa
 def test_invalid_settings_name_the_flag(tmp_path, overrides, message):
     with pytest.raises(AbConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         settings(tmp_path, **overrides)
+
+
+def test_several_pruner_off_arms_one_baseline(tmp_path):
+    """Pruner-off arms besides the baseline (another SGLang configuration alone) are compared with it as
+    candidates are: the baseline is the one named 'baseline', else the first pruner-off arm given."""
+    fixed, adaptive = Arm(name="fixed"), Arm(name="adaptive", server_args=("--speculative-adaptive",))
+    arms = settings(tmp_path, arms=(adaptive, candidate_arm("xshare"), fixed)).arms
+    assert [(a.name, a.is_baseline, a.unpruned) for a in arms] == [
+        ("adaptive", True, True),
+        ("xshare", False, False),
+        ("fixed", False, True),
+    ]
+    named = settings(tmp_path, arms=(adaptive, candidate_arm("xshare"), Arm(name="baseline"))).arms
+    assert [(a.name, a.is_baseline) for a in named] == [("baseline", True), ("adaptive", False), ("xshare", False)]
 
 
 def test_arms_file_yaml_and_json(tmp_path):
@@ -107,7 +117,7 @@ def test_arms_file_yaml_and_json(tmp_path):
     assert doc["model_path"] == "m"
     assert doc["server_args"] == ("--tp", "2", "--moe-runner-backend", "triton")
     base, x8 = doc["arms"]
-    assert base.is_baseline and x8.pruner == {"policy": "xshare", "budget": 8}
+    assert base.unpruned and x8.pruner == {"policy": "xshare", "budget": 8}
     assert x8.server_args == ("--cuda-graph-max-bs-decode", "64")
     (tmp_path / "arms.json").write_text(json.dumps({"arms": [{"name": "x", "pruner": {"policy": "lynx"}}]}))
     assert read_arms_file(tmp_path / "arms.json")["arms"][0].expected_policy == "lynx"
@@ -163,7 +173,7 @@ def test_plan_rotates_arms_and_runs_every_dataset_and_concurrency(tmp_path):
         assert [r.kind for r in session.runs][-1] == "accuracy"
         argv = session.launch_argv
         assert argv[argv.index("--port") + 1] == "30000" and "--enable-metrics" in argv
-        assert ("--moe-pruner-config" in argv) == (not session.arm.is_baseline)
+        assert ("--moe-pruner-config" in argv) == (not session.arm.unpruned)
         c8 = serving[1].argv
         assert c8[c8.index("--num-prompts") + 1] == "64" and c8[c8.index("--max-concurrency") + 1] == "8"
         assert c8[c8.index("--random-input-len") + 1] == "1024"

@@ -208,3 +208,28 @@ def test_a_server_that_does_not_speculate_has_no_speculative_series() -> None:
         for phase in ("decode", "verify")
         for layer in LAYER_IDS
     }
+
+
+def test_ab_tool_reads_the_verify_phase_experts(monkeypatch) -> None:
+    """The A/B tool's reading of /metrics adds the activated experts of verify calls alone, averaged over
+    the layers the verify phase reported (its own layer-call counter), next to the all-phase means."""
+    from xshare_sglang.serving.ab import ab_server
+
+    registry = prometheus_client.CollectorRegistry()
+    runtime = _runtime(log_interval=1)
+    reporter = MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry, draft_tokens=[4])
+
+    class Page:
+        status_code = 200
+
+        @property
+        def text(self) -> str:
+            return prometheus_client.generate_latest(registry).decode()
+
+    monkeypatch.setattr(ab_server.requests, "get", lambda *args, **kwargs: Page())
+    runtime.metrics_of("decode")[:] = torch.tensor([2, 2, RETAINED_ONE, 1])
+    runtime.metrics_of("verify")[0] = torch.tensor([12, 12, RETAINED_ONE, 1])  # the first layer's verify call only
+    reporter.on_pruned_forward(4)
+    got = ab_server.pruner_metrics("http://server")
+    assert got["verify_activated_experts"] == 12.0
+    assert got["activated_experts"] == pytest.approx((14 / 2 + 2 + 2) / 3)

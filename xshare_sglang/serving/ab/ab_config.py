@@ -26,7 +26,7 @@ import json
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -85,6 +85,8 @@ class Arm:
         Base URL of a server the user started (``--url`` mode); None when the tool launches it.
     server_log : str or None
         Log file of that server (``--server-log``), searched for the plugin's proof-of-life line.
+    is_baseline : bool
+        The arm every other one is compared with (set by :func:`order_arms`: a pruner-off arm).
     """
 
     name: str
@@ -92,6 +94,7 @@ class Arm:
     server_args: tuple[str, ...] = ()
     url: str | None = None
     server_log: str | None = None
+    is_baseline: bool = False
     _policy: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -122,7 +125,8 @@ class Arm:
             raise AbConfigError(f"{where}: a server log is only read for a server given by --url")
 
     @property
-    def is_baseline(self) -> bool:
+    def unpruned(self) -> bool:
+        """The pruner is off in this arm's server (the baseline's, and any other arm without 'pruner')."""
         return self.pruner is None
 
     @property
@@ -219,24 +223,26 @@ def read_arms_file(path: str | Path) -> dict[str, Any]:
 
 
 def order_arms(arms: Sequence[Arm]) -> tuple[Arm, ...]:
-    """Baseline first (adding a pruner-off arm named ``baseline`` if none is given), names unique."""
+    """The baseline first, then the other arms in the order given; names unique.
+
+    The baseline is the pruner-off arm named ``baseline``, else the first pruner-off arm given (a
+    pruner-off arm named ``baseline`` is added when there is none).  Other pruner-off arms (e.g.
+    another speculative configuration of SGLang alone) are compared with it as candidates are.
+    """
     names = [arm.name for arm in arms]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise AbConfigError(f"arm names must be unique; repeated: {', '.join(duplicates)}")
-    baselines = [arm for arm in arms if arm.is_baseline]
-    if len(baselines) > 1:
-        raise AbConfigError(
-            f"exactly one arm may run with the pruner off (the baseline); got {', '.join(a.name for a in baselines)}"
-        )
-    candidates = [arm for arm in arms if not arm.is_baseline]
-    if not candidates:
+    unpruned = [arm for arm in arms if arm.unpruned]
+    if not any(not arm.unpruned for arm in arms):
         raise AbConfigError("no candidate arm: give --candidate POLICY or arms with a 'pruner' in --arms")
-    if not baselines:
-        if BASELINE_NAME in names:
-            raise AbConfigError(f"the name {BASELINE_NAME!r} is reserved for the pruner-off arm")
-        baselines = [Arm(name=BASELINE_NAME)]
-    return (baselines[0], *candidates)
+    if BASELINE_NAME in names and not next(arm for arm in arms if arm.name == BASELINE_NAME).unpruned:
+        raise AbConfigError(f"the name {BASELINE_NAME!r} is reserved for the pruner-off arm")
+    if not unpruned:
+        unpruned = [Arm(name=BASELINE_NAME)]
+    baseline = next((arm for arm in unpruned if arm.name == BASELINE_NAME), unpruned[0])
+    others = [arm for arm in arms if arm is not baseline]
+    return (replace(baseline, is_baseline=True), *others)
 
 
 def _positive(name: str, value: Any) -> None:

@@ -232,7 +232,7 @@ def render_plan(settings: AbSettings, sessions: list[Session]) -> str:
     lines = [
         f"# A/B plan: {len(settings.arms)} arms x {settings.repeats} repetitions = {len(sessions)} sessions; "
         f"results in {settings.output_dir}",
-        f"# arms: {', '.join(arm.name + (' (pruner off)' if arm.is_baseline else '') for arm in settings.arms)}",
+        f"# arms: {', '.join(arm.name + (' (pruner off)' if arm.unpruned else '') for arm in settings.arms)}",
     ]
     for name in settings.datasets:
         if name in CUSTOM_DATASETS:
@@ -247,7 +247,7 @@ def render_plan(settings: AbSettings, sessions: list[Session]) -> str:
             lines.append(f"# wait until GET {session.base_url}/health_generate answers 200 (at most {limit:g} s)")
         else:
             lines.append(f"# server started by you: GET {session.base_url}/health_generate must answer 200")
-        if arm.is_baseline:
+        if arm.unpruned:
             lines.append(f"# check: the server log has no '{PROOF_PREFIX}' line (the pruner is off)")
         else:
             lines.append(f"# check: the server log has '{PROOF_PREFIX}{arm.expected_policy}', else the arm is dropped")

@@ -78,6 +78,8 @@ class ServingRow:
         speculative decoding).
     activated_experts : float or None
         Mean over repetitions of the plugin's activated experts per layer call (pruned arms only).
+    verify_activated_experts : float or None
+        The same for speculative verify calls alone (pruned arms of a speculative server only).
     repetitions : int
         Successful runs.
     """
@@ -95,6 +97,7 @@ class ServingRow:
     accept_length: float | None
     activated_experts: float | None
     repetitions: int
+    verify_activated_experts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,10 @@ def summarize(rows: list[dict[str, Any]]) -> Summary:
                 value = _number(metrics, key)
                 if value is not None:
                     cell[key][row["repeat"]] = value
-            activated = _number(row.get("pruner_metrics"), "activated_experts")
-            if activated is not None:
-                cell["activated_experts"][row["repeat"]] = activated
+            for key in ("activated_experts", "verify_activated_experts"):
+                value = _number(row.get("pruner_metrics"), key)
+                if value is not None:
+                    cell[key][row["repeat"]] = value
         elif row["record"] == "accuracy":
             for key in ("accuracy", "invalid"):
                 value = _number(metrics, key)
@@ -210,6 +214,7 @@ def summarize(rows: list[dict[str, Any]]) -> Summary:
                     accept_length=_mean(list(cell.get("accept_length", {}).values())),
                     activated_experts=_mean(list(cell.get("activated_experts", {}).values())),
                     repetitions=len(tput),
+                    verify_activated_experts=_mean(list(cell.get("verify_activated_experts", {}).values())),
                 )
             )
     accuracy_rows = []
@@ -283,11 +288,12 @@ def render_markdown(summary: Summary) -> str:
     datasets = list(dict.fromkeys(row.dataset for row in summary.serving))
     for dataset in datasets:
         lines += ["", f"## Serving: {dataset}", ""]
+        verify = any(row.verify_activated_experts is not None for row in summary.serving if row.dataset == dataset)
         lines.append(
             "| concurrency | arm | output tok/s | Δ throughput | median TPOT ms | Δ TPOT | accept length | "
-            "activated experts |"
+            "activated experts |" + (" verify-phase activated experts |" if verify else "")
         )
-        lines.append("|---:|---|---:|---|---:|---|---:|---:|")
+        lines.append("|---:|---|---:|---|---:|---|---:|---:|" + ("---:|" if verify else ""))
         for row in summary.serving:
             if row.dataset != dataset:
                 continue
@@ -296,6 +302,7 @@ def render_markdown(summary: Summary) -> str:
                 f"{_fmt(row.output_throughput)} | {_spread(row.throughput_delta, 100, '%')} | "
                 f"{_fmt(row.median_tpot_ms, 2)} | "
                 f"{_spread(row.tpot_delta, 100, '%')} | {_fmt(row.accept_length, 2)} | {_fmt(row.activated_experts)} |"
+                + (f" {_fmt(row.verify_activated_experts)} |" if verify else "")
             )
     if summary.accuracy:
         lines += ["", "## Accuracy: GSM8K (SGLang's few-shot evaluation, shipped test split)", ""]

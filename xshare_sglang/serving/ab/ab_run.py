@@ -239,7 +239,7 @@ class AbRunner:
         arm = session.arm
         deadline = time.monotonic() + PROOF_WAIT_S
         policies = proof_policies(server.log_text())
-        while not arm.is_baseline and not policies and time.monotonic() < deadline:
+        while not arm.unpruned and not policies and time.monotonic() < deadline:
             time.sleep(0.5)
             policies = proof_policies(server.log_text())
         self._judge_proof(arm, policies, where=str(session.server_log))
@@ -256,10 +256,10 @@ class AbRunner:
 
     @staticmethod
     def _judge_proof(arm, policies: list[str], where: str) -> None:
-        if arm.is_baseline:
+        if arm.unpruned:
             if policies:
                 raise SessionFailed(
-                    f"the baseline must run unpruned, but {where} has '{PROOF_PREFIX}{policies[0]}' (is a pruner "
+                    f"arm {arm.name!r} must run unpruned, but {where} has '{PROOF_PREFIX}{policies[0]}' (is a pruner "
                     "configured through the environment or the server flags?)"
                 )
             return
@@ -290,15 +290,15 @@ class AbRunner:
                     raise SessionFailed(f"the server went away during {what}: {gone}") from None
                 continue
             pruner = pruner_metrics(session.base_url) if self.settings.enable_metrics or server is None else None
-            if pruner is not None and session.arm.is_baseline:
-                raise SessionFailed("the baseline server reports moe_pruner metrics: it is pruning")
+            if pruner is not None and session.arm.unpruned:
+                raise SessionFailed(f"pruner-off arm {session.arm.name!r} reports moe_pruner metrics: it prunes")
             if pruner is not None and confirmed == "unconfirmed":
                 confirmed = "metrics"
                 self._record(session, "session", status="confirmed", plugin_confirmed="metrics")
             wall = round(time.monotonic() - started, 1)
             self._record_run(session, run, "ok", metrics=metrics, pruner_metrics=pruner, wall_s=wall)
             self.echo(f"  {what}: {self._headline(run, metrics)}")
-        if confirmed == "unconfirmed" and not session.arm.is_baseline:
+        if confirmed == "unconfirmed" and not session.arm.unpruned:
             self.echo(
                 f"  WARNING: could not confirm the pruner is active on {session.base_url} (give --server-log "
                 f"{session.arm.name}=PATH, or start the server with --enable-metrics)"

@@ -35,6 +35,8 @@ PRUNER_GAUGES = {
 }
 #: per-layer count of pruned calls reported so far: 0 means the gauges of that layer are still unset
 PRUNER_LAYER_CALLS = "moe_pruner:layer_calls_total"
+#: the activated experts of speculative verify calls alone (per layer, label phase="verify"), and their calls
+VERIFY_GAUGE = ("moe_pruner:phase_activated_experts", "moe_pruner:phase_layer_calls_total")
 
 
 def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -105,7 +107,8 @@ def server_info(base_url: str) -> dict[str, Any] | None:
 
 
 def pruner_metrics(base_url: str) -> dict[str, float] | None:
-    """Means over layers and ranks of the plugin's gauges on ``/metrics``, or None when absent.
+    """Means over layers and ranks of the plugin's gauges on ``/metrics``, or None when absent
+    (``verify_activated_experts``: those of speculative verify calls alone, where the server verifies).
 
     The gauges hold the means of the plugin's last report interval, so read right after a benchmark
     run they describe that run's last forwards.  The plugin exports them at 0 from start-up: a layer
@@ -131,6 +134,11 @@ def pruner_metrics(base_url: str) -> dict[str, float] | None:
                     gauges.setdefault(key, []).append((labels, float(sample.value)))
                 elif sample.name == PRUNER_LAYER_CALLS:
                     calls[labels] = float(sample.value)
+                elif sample.name in VERIFY_GAUGE and sample.labels.get("phase") == "verify":
+                    if sample.name == VERIFY_GAUGE[0]:
+                        gauges.setdefault("verify_activated_experts", []).append((labels, float(sample.value)))
+                    else:
+                        calls[labels] = float(sample.value)
     except ValueError as exc:
         logger.warning("cannot parse %s/metrics: %s", base_url, exc)
         return None

@@ -40,7 +40,7 @@ from xshare_sglang.sglang_plugin.model_shape import (
     shape_refusal,
 )
 from xshare_sglang.testing.cpu_server import cpu_server_command, cpu_server_env
-from xshare_sglang.tiny.tiny_model import tiny_model_dir
+from xshare_sglang.tiny.tiny_model import tiny_eagle3_dir, tiny_model_dir
 
 pytestmark = pytest.mark.cli_errors
 
@@ -165,6 +165,8 @@ def server_files(tmp_path_factory) -> dict[str, str]:
         "bad_config": str(folder / "bad.json"),
         "narrow": str(_ranking_file(folder / "narrow.json", layers=4, experts=16)),
         "short": str(_ranking_file(folder / "short.json", layers=2, experts=32)),
+        "model": str(tiny_eagle3_dir()),
+        "echo_log": str(folder / "echo-log"),
     }
 
 
@@ -221,6 +223,15 @@ LAUNCH_CASES = {
     "moe-spec-without-budget": (
         ["--moe-pruner", "moe-spec"],
         ["--moe-pruner-max-experts", "'moe-spec' needs max_experts"],
+        (),
+    ),
+    "echo-with-adaptive-speculation": (
+        [
+            *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "{model}"),
+            *("--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"),
+            *("--speculative-adaptive", "--xshare-echo-log-dir", "{echo_log}"),
+        ],
+        ["--xshare-echo-log-dir", "cannot run with --speculative-adaptive"],
         (),
     ),
     "attention-dp": (

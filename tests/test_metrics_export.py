@@ -233,3 +233,28 @@ def test_ab_tool_reads_the_verify_phase_experts(monkeypatch) -> None:
     got = ab_server.pruner_metrics("http://server")
     assert got["verify_activated_experts"] == 12.0
     assert got["activated_experts"] == pytest.approx((14 / 2 + 2 + 2) / 3)
+
+
+def test_the_report_line_keeps_its_format_and_ends_with_the_phases(caplog) -> None:
+    """The line operators and tests parse ('activated experts A, kept K, retained score mass R%,
+    selection fallbacks F') is unchanged; the split by phase comes after it, only when it tells
+    something (two phases in the interval, or a verify call)."""
+    import logging
+    import re
+
+    line = re.compile(
+        r"activated experts ([0-9.]+), kept ([0-9.]+), retained score mass [0-9.]+%, selection fallbacks 0"
+    )
+    runtime = _runtime(log_interval=1)
+    reporter = MetricsReporter(runtime, prometheus=False)
+    with caplog.at_level(logging.INFO, logger="xshare_sglang.sglang_plugin.metrics"):
+        runtime.metrics_of("decode")[:] = torch.tensor([3, 4, RETAINED_ONE, 1])
+        reporter.on_pruned_forward()
+        runtime.metrics_of("decode")[:] = torch.tensor([2, 4, RETAINED_ONE, 1])
+        runtime.metrics_of("verify")[:] = torch.tensor([10, 12, RETAINED_ONE, 1])
+        runtime.request_metrics[:] = torch.tensor([14, 2])
+        reporter.on_pruned_forward(4)
+    first, second = [r.getMessage() for r in caplog.records if "pruned forwards" in r.getMessage()]
+    assert line.search(first).groups() == ("3.0", "4.0") and first.endswith("selection fallbacks 0")
+    assert line.search(second).groups() == ("6.0", "8.0")
+    assert second.endswith("; activated experts by phase: decode 2.0, verify 10.0, per verify request 7.0")

@@ -361,7 +361,7 @@ class MetricsReporter:
         for phase in self._phases:
             rows = phase_sums[PHASE_INDEX[phase]]
             phase_seen = rows[:, 3] > 0
-            if bool(phase_seen.any()) and len(self._phases) > 1:
+            if bool(phase_seen.any()):
                 activated = float((rows[phase_seen, 0] / rows[phase_seen, 3]).mean())
                 summary[f"{phase}_activated_experts"] = activated
                 by_phase.append(f"{phase} {activated:.1f}")
@@ -369,18 +369,22 @@ class MetricsReporter:
             per_request = requests[:, 1] > 0
             summary["verify_request_experts"] = float((requests[per_request, 0] / requests[per_request, 1]).mean())
             by_phase.append(f"per verify request {summary['verify_request_experts']:.1f}")
+        # the phases only where they tell something: several of them ran, or a verify ran
+        detail = ""
+        if len(by_phase) > 1 or "verify_request_experts" in summary:
+            detail = "; activated experts by phase: " + ", ".join(by_phase)
         every = self.runtime.settings.metrics_every
         logger.info(
-            "moe-pruner: %d pruned forwards, %d layer calls%s: activated experts %.1f%s, kept %.1f, "
-            "retained score mass %.1f%%, selection fallbacks %d",
+            "moe-pruner: %d pruned forwards, %d layer calls%s: activated experts %.1f, kept %.1f, "
+            "retained score mass %.1f%%, selection fallbacks %d%s",
             self.runtime.pruned_forwards,
             int(summary["layer_calls"]),
             f" sampled (1 forward in {every})" if every > 1 else "",
             means[0],
-            f" ({', '.join(by_phase)})" if by_phase else "",
             means[1],
             100.0 * means[2],
             self.runtime.faults,
+            detail,
         )
         return summary
 

@@ -59,20 +59,24 @@ def plain_answers(live_servers) -> dict[str, list[int]]:
     return {prompt: server.generate(prompt, NEW_TOKENS)["output_ids"] for prompt in PROMPTS}
 
 
-@pytest.fixture(scope="module")
-def adaptive_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("adaptive")
-    draft = tiny_eagle3_dir()
+def start_adaptive_server(folder, adaptive_config: dict, pruner_flags: list[str]) -> LiveServer:
+    """A float32 CPU server of the tiny target with the shipped EAGLE-3 head (top-k 1, 3 steps to
+    start), ``--speculative-adaptive`` with ``adaptive_config``, and ``pruner_flags``."""
     config = folder / "adaptive.json"
-    config.write_text(json.dumps(ADAPTIVE_CONFIG))
+    config.write_text(json.dumps(adaptive_config))
     flags = [
         *("--dtype", "float32", "--enable-metrics", "--page-size", "1"),
-        *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft)),
+        *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(tiny_eagle3_dir())),
         *("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"),
         *("--speculative-adaptive", "--speculative-adaptive-config", str(config)),
-        *KEEP_ALL,
+        *pruner_flags,
     ]
-    server = LiveServer(flags, folder / "server.log", interpreter=False).start()
+    return LiveServer(flags, folder / "server.log", interpreter=False).start()
+
+
+@pytest.fixture(scope="module")
+def adaptive_server(tmp_path_factory):
+    server = start_adaptive_server(tmp_path_factory.mktemp("adaptive"), ADAPTIVE_CONFIG, KEEP_ALL)
     yield server
     server.stop()
 
@@ -139,18 +143,7 @@ TIER_LINE = re.compile(r"moe-pruner tiers: batch bucket (\d+): steps \[([\d, ]*)
 
 @pytest.fixture(scope="module")
 def tiered_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("adaptive-tiers")
-    draft = tiny_eagle3_dir()
-    config = folder / "adaptive.json"
-    config.write_text(json.dumps(TIERS_CONFIG))
-    flags = [
-        *("--dtype", "float32", "--enable-metrics", "--page-size", "1"),
-        *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft)),
-        *("--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"),
-        *("--speculative-adaptive", "--speculative-adaptive-config", str(config)),
-        *TIERED,
-    ]
-    server = LiveServer(flags, folder / "server.log", interpreter=False).start()
+    server = start_adaptive_server(tmp_path_factory.mktemp("adaptive-tiers"), TIERS_CONFIG, TIERED)
     yield server
     server.stop()
 

@@ -124,14 +124,9 @@ def test_nothing_is_exported_without_enable_metrics() -> None:
     assert reporter._families is None
 
 
-def test_ab_tool_ignores_gauges_not_reported_yet(monkeypatch) -> None:
-    """The A/B tool averages the gauges of the layers reported so far: a server at start-up (every
-    layer at 0 calls) gives None, as before the series existed from start-up."""
+def _serve_metrics(monkeypatch, registry) -> None:
+    """Answer the A/B tool's GET /metrics with ``registry``'s exposition text."""
     from xshare_sglang.serving.ab import ab_server
-
-    registry = prometheus_client.CollectorRegistry()
-    runtime = _runtime(log_interval=1)
-    MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
 
     class Page:
         status_code = 200
@@ -141,6 +136,17 @@ def test_ab_tool_ignores_gauges_not_reported_yet(monkeypatch) -> None:
             return prometheus_client.generate_latest(registry).decode()
 
     monkeypatch.setattr(ab_server.requests, "get", lambda *args, **kwargs: Page())
+
+
+def test_ab_tool_ignores_gauges_not_reported_yet(monkeypatch) -> None:
+    """The A/B tool averages the gauges of the layers reported so far: a server at start-up (every
+    layer at 0 calls) gives None, as before the series existed from start-up."""
+    from xshare_sglang.serving.ab import ab_server
+
+    registry = prometheus_client.CollectorRegistry()
+    runtime = _runtime(log_interval=1)
+    MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
+    _serve_metrics(monkeypatch, registry)
     assert ab_server.pruner_metrics("http://server") is None
     reporter = MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry)
     runtime.metrics_of("decode")[0] = torch.tensor([6, 3, RETAINED_ONE, 1])  # one call of the first layer only
@@ -218,15 +224,7 @@ def test_ab_tool_reads_the_verify_phase_experts(monkeypatch) -> None:
     registry = prometheus_client.CollectorRegistry()
     runtime = _runtime(log_interval=1)
     reporter = MetricsReporter(runtime, prometheus=True, labels={"tp_rank": "0"}, registry=registry, draft_tokens=[4])
-
-    class Page:
-        status_code = 200
-
-        @property
-        def text(self) -> str:
-            return prometheus_client.generate_latest(registry).decode()
-
-    monkeypatch.setattr(ab_server.requests, "get", lambda *args, **kwargs: Page())
+    _serve_metrics(monkeypatch, registry)
     runtime.metrics_of("decode")[:] = torch.tensor([2, 2, RETAINED_ONE, 1])
     runtime.metrics_of("verify")[0] = torch.tensor([12, 12, RETAINED_ONE, 1])  # the first layer's verify call only
     reporter.on_pruned_forward(4)

@@ -32,7 +32,7 @@ device.  A failed check marks the row and the script exits 1.
 Shapes: Qwen3-30B-A3B (E=128, top-8, softmax), GPT-OSS-120B (E=128, top-4, softmax) and DeepSeek-V3
 (E=256, top-8, sigmoid with correction bias, 8 groups of which 4 are kept, routed scaling 2.5; the
 MoE layer is one rank of 8-way expert parallelism).  Router logits come from the shipped route
-traces (``TraceRouting`` in ``bench_moe_layer.py``).  Decode policies run on T one-token requests;
+traces (``TraceRouting`` in ``bench/moe_layer/``).  Decode policies run on T one-token requests;
 the verify policies (xshare-spec, moe-spec per request) on T/4 requests of 4 draft tokens.
 
 Run on a GPU node from the repository root (no install needed)::
@@ -47,7 +47,6 @@ under ``TRITON_INTERPRET=1`` (checks and launch counts; its times are no measure
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -88,7 +87,7 @@ NUM_RANKS = 8  # xshare-ep's ranks when the shape is not expert-parallel itself
 
 @dataclass(frozen=True)
 class Model:
-    """A benchmarked shape: the MoE layer (``bench_moe_layer.Shape``) and the model's router."""
+    """A benchmarked shape: the MoE layer (``moe_layer.Shape``) and the model's router."""
 
     name: str
     shape: Shape
@@ -270,6 +269,7 @@ class SelectionCase:
         # --metrics-gate: the row comes with the gate a server refills per forward (1: this call adds
         # its metrics, 0: a forward the server does not sample)
         self.gate_value = {"open": 1, "closed": 0}.get(args.metrics_gate)
+        self.routing_sums_mass = not args.select_mass  # --select-mass: the other side of the open switch
         self.gate = (
             None if self.gate_value is None else torch.full((1,), self.gate_value, dtype=torch.int32, device=device)
         )
@@ -303,6 +303,7 @@ class SelectionCase:
             metrics_gate=self.metrics_gate(cfg),
             workspace=self.workspace,
             enable_pdl=pdl,
+            routing_sums_mass=self.routing_sums_mass,
         )
 
     def metrics_row(self, cfg: PrunerConfig) -> torch.Tensor | None:
@@ -399,7 +400,15 @@ def bench_row(sel: SelectionCase, name: str, cfg: PrunerConfig, topk_us: float, 
         }
     tokens = sel.case.tokens
     outputs = Outputs(sel.keep, sel.ids, sel.weights, sel.metrics_row(cfg), sel.metrics_gate(cfg))
-    plan = plan_call(cfg, call_spec(sel.calls[0], route=True, fill_dropped=False, outputs=outputs, pdl=False))
+    spec = call_spec(
+        sel.calls[0],
+        route=True,
+        fill_dropped=False,
+        outputs=outputs,
+        pdl=False,
+        routing_sums_mass=sel.routing_sums_mass,
+    )
+    plan = plan_call(cfg, spec)
     if args.pdl:
         multi = not plan.split.single and cfg.policy != "none"
         pdl["reset_pdl_us"] = (
@@ -518,14 +527,12 @@ def main() -> int:
         action="store_true",
         help="sum the retained-mass metric of oea, static moe-spec and LYNX above one program in the selection "
         "(scores of every row, E aggregates) instead of in the routing kernel "
-        "(kernels.plan.ROUTING_SUMS_MASS = False): the other side of its A/B",
+        "(prune_route(..., routing_sums_mass=False)): the other side of its A/B",
     )
     add_layer_bench_arguments(parser, calls=20, case="(model, T)")
     args = parser.parse_args()
     if args.metrics_gate and args.no_metrics:
         parser.error("--metrics-gate gates the metrics row, which --no-metrics leaves out: choose one")
-    if args.select_mass:
-        importlib.import_module("xshare_sglang.kernels.plan").ROUTING_SUMS_MASS = False
     t0 = time.monotonic()
     cuda = torch.cuda.is_available()
     models = {**MODEL_ROUTERS, **SMOKE_ROUTERS}
@@ -598,7 +605,7 @@ def main() -> int:
         if args.select_mass
         else "summed by the routing kernel for rules without scores",
     }
-    args.draft_tokens = DRAFT_TOKENS  # read by bench_moe_layer.ModelBench
+    args.draft_tokens = DRAFT_TOKENS  # read by moe_layer.ModelBench
     bench_args = args
     rows: list[dict] = []
     for index, name in enumerate(names):

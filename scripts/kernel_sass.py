@@ -31,7 +31,6 @@ Routers and policies are those of ``bench_selection.py``; ``--tokens`` (default 
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import sys
@@ -46,8 +45,8 @@ import torch
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench.common import git_sha
 from xshare_sglang.bench.kernel_compile import capture_launches, compile_launch, kernel_sass, loop_bodies, sass_stats
+from xshare_sglang.kernels.bundles import flat_constexprs
 from xshare_sglang.kernels.launch import named_arguments
-from xshare_sglang.kernels.plan import Mode
 from xshare_sglang.policies.call import RouterSpec, RoutingCall
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -98,12 +97,12 @@ def coverage_trips(named: dict, num_tokens: int, top_k: int) -> str:
     above one program), the register tile once for the call, or the tiles of the picked expert's row
     list (dense scores: every row)."""
     picks = greedy_picks(named, num_tokens, top_k, named["count"])
-    if named.get("COVER_PAIRS"):
+    if named.get("PAIRS"):
         return f"{picks} x 1 row of pair sums"
-    if not named["COVER_LISTS"]:
+    if not named["LISTS"]:
         return f"{picks}, rows read once"
     listed = num_tokens * top_k / named["num_experts"] if named["SCORE_TOPK"] else num_tokens
-    return f"{picks} x ~{math.ceil(listed / named['COVER_T'])} list tiles"
+    return f"{picks} x ~{math.ceil(listed / named['TILE_ROWS'])} list tiles"
 
 
 def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: int) -> dict[str, str]:
@@ -115,8 +114,8 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     per_program, per_request, chunk = named["rows_per_program"], named["rows_per_request"], named["CHUNK_T"]
     tiles_per_request = -(-per_request // chunk)
     tiles = per_program // per_request * tiles_per_request if named["PER_REQUEST"] else -(-per_program // chunk)
-    mode = named["MODE"]
-    reads_rows = mode not in (Mode.ALL, Mode.STATIC) or named["NEED_SCORES"]
+    rule_name = named["RULE"].__name__.removesuffix("_rule")
+    reads_rows = named["MARKS"] or named["NEED_SCORES"]
     ranks = max(named["top_k"], named["k0"]) if named["NEED_SCORES"] and named["SCORE_TOPK"] else named["k0"]
     block_e = named["BLOCK_E"]
     pairwise = f"one {block_e}x{block_e} order"  # no loop: every pair in registers at once
@@ -129,26 +128,26 @@ def trip_counts(kernel: str, grid: tuple, named: dict, num_tokens: int, top_k: i
     else:
         greedy = pairwise
     rules = {
-        Mode.GREEDY_WARM: greedy,
-        Mode.GREEDY_BASE: greedy,
-        Mode.THRESHOLD: f"one sort of {block_e} + scan",
-        Mode.RANK_ROUNDS: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps unless the candidates fit",
-        Mode.TOP_AGG: pairwise,
-        Mode.COACT: f"{greedy_picks(named, num_tokens, top_k, named['count'])}, 1 row each",
-        Mode.COVERAGE: coverage_trips(named, num_tokens, top_k),
+        "greedy": lambda: greedy,
+        "threshold": lambda: f"one sort of {block_e} + scan",
+        "rank_rounds": lambda: f"{pairwise} + {named['SEARCH_STEPS']} bisection steps unless the candidates fit",
+        "top_aggregate": lambda: pairwise,
+        "coactivation": lambda: f"{greedy_picks(named, num_tokens, top_k, named['count'])}, 1 row each",
+        "coverage": lambda: coverage_trips(named, num_tokens, top_k),
     }
-    rule = rules.get(mode, "-")
+    rule = rules[rule_name]() if rule_name in rules else "-"
     if named["LYNX"]:
         digits = named["beta"] + 2
         if (named["beta"] + 1) * math.log2(max(num_tokens, 1)) < 61:  # s fits one int64 (lynx_s_ranks)
             rule = f"{pairwise} of s"
         else:
-            rule = f"{digits} digits x {block_e // named['CHUNK']} chunks"
+            rule = f"{digits} digits x {block_e // named['LYNX_CHUNK']} chunks"
         if named["SINGLE"]:
             rule += f" + {-(-num_tokens // chunk)} pick tiles x {top_k}"
     if named["PER_REQUEST"]:
         rule += f"; {named['request_budget']} picks per request"
-    route = f"{-(-num_tokens // named['ROUTE_T'])} x {top_k}" if named["SINGLE"] and named["ROUTE"] else "-"
+    routes = named["SINGLE"] and named["ROUTER"] is not None
+    route = f"{-(-num_tokens // named['ROUTE_T'])} x {top_k}" if routes else "-"
     return {
         "tiles": str(tiles if reads_rows else 0),
         "ranks": str(ranks if reads_rows else 0),
@@ -173,7 +172,7 @@ def main() -> int:
         "--select-mass",
         action="store_true",
         help="compile the retained-mass metric of oea, static moe-spec and LYNX above one program in the "
-        "selection instead of the routing kernel (ROUTING_SUMS_MASS = False), the other side of its A/B",
+        "selection instead of the routing kernel (routing_sums_mass=False), the other side of its A/B",
     )
     parser.add_argument(
         "--no-metrics",
@@ -189,8 +188,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.metrics_gate and args.no_metrics:
         parser.error("--metrics-gate gates the metrics row, which --no-metrics leaves out: choose one")
-    if args.select_mass:
-        importlib.import_module("xshare_sglang.kernels.plan").ROUTING_SUMS_MASS = False
     lines = [
         f"# Selection kernels on sm_90: static SASS and serial trips per program (commit {git_sha()})",
         "",
@@ -220,9 +217,13 @@ def main() -> int:
                 metrics_row = None if args.no_metrics else torch.zeros(4, dtype=torch.int64)
                 if args.metrics_gate:
                     extra["metrics_gate"] = torch.ones(1, dtype=torch.int32)
+                if args.select_mass:
+                    extra["routing_sums_mass"] = False
                 launches = capture_launches(call, cfg, metrics_row=metrics_row, **extra)
                 for kernel, (grid, kernel_args, kwargs) in launches.items():
-                    named = named_arguments(kernel, kernel_args) | kwargs
+                    # the bundles' fields by their own names (the RULE's SEARCH_STEPS, READ's CHUNK_T, ...)
+                    fields = {name.rsplit(".", 1)[-1]: value for name, value in flat_constexprs(kwargs).items()}
+                    named = named_arguments(kernel, kernel_args) | kwargs | fields
                     compiled = compile_launch(kernel, kernel_args, kwargs)
                     stats = sass_stats(compiled)
                     loops = " ".join(str(body) for body in loop_bodies(kernel_sass(compiled))) if args.loops else None

@@ -298,7 +298,7 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
     original_run = type(jit.select_kernel).run
 
     def recording_run(self, *args, **kwargs):
-        modes.append(kwargs.get("MODE"))
+        modes.append(getattr(kwargs.get("RULE"), "__name__", None))
         return original_run(self, *args, **kwargs)
 
     type(jit.select_kernel).run = recording_run
@@ -328,7 +328,7 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
                 routing_call(logits, router, device=DEVICE, as_tensor=True, **fields), cfg, metrics_row=metrics
             )
             label = f"E={num_experts} case={case} {name} {cfg.summary()}"
-            assert modes == [jit.MODE_TOP_AGG.value], (label, modes)
+            assert modes == ["top_aggregate_rule"], (label, modes)
             assert got.keep.cpu().tolist() == want.keep.tolist(), label
             assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
             torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, atol=2e-6, rtol=2e-5, msg=label)
@@ -345,12 +345,12 @@ def _selection_launches(warp_picks: bool, monkeypatch):
     from xshare_sglang.kernels import jit
 
     if not warp_picks:
-        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.plan"), "WARP_PICKS_MAX_EXPERTS", 0)
+        monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.plan.split"), "WARP_PICKS_MAX_EXPERTS", 0)
     launches = []
     original_run = type(jit.select_kernel).run
 
     def recording_run(self, *args, **kwargs):
-        if "COVER_PAIRS" in kwargs:  # every JIT function shares this run: keep the selection's
+        if "RULE" in kwargs:  # every JIT function shares this run: keep the selection's
             launches.append(kwargs)
         return original_run(self, *args, **kwargs)
 
@@ -400,7 +400,7 @@ def test_kernel_coverage_pair_picks_until_no_gain_then_by_aggregate(
             label = f"E={num_experts} T={num_tokens} case={case} {cfg.summary()}"
             launches.clear()
             _assert_kernel_is_reference(logits, router, cfg, _edge_fields(num_tokens, case), label)
-            assert [(k["COVER_PAIRS"], k["WARP_PICKS"]) for k in launches] == [
+            assert [(k["RULE_CONFIG"].PAIRS, k["RULE_CONFIG"].WARP_PICKS) for k in launches] == [
                 (True, warp_picks and launches[0]["BLOCK_E"] <= 128)
             ], label
 
@@ -438,7 +438,6 @@ def test_kernel_coactivation_picks_until_no_gain_then_index_order(
     a gain of zero with budget left (the rest in index order), with ties, non-finite logits,
     padding, vote weights, budgets from 1 to past E, and top-k and dense scores; the calls run the
     co-activation mode, its picks in every warp up to 128 experts."""
-    from xshare_sglang.kernels import jit
 
     with _selection_launches(warp_picks, monkeypatch) as launches:
         for case, (num_tokens, budget) in enumerate(
@@ -457,8 +456,8 @@ def test_kernel_coactivation_picks_until_no_gain_then_index_order(
             label = f"E={num_experts} T={num_tokens} case={case} {cfg.summary()}"
             launches.clear()
             _assert_kernel_is_reference(logits, router, cfg, _edge_fields(num_tokens, case), label)
-            assert [(k["MODE"], k["WARP_PICKS"]) for k in launches] == [
-                (jit.MODE_COACT.value, warp_picks and launches[0]["BLOCK_E"] <= 128)
+            assert [(k["RULE"].__name__, k["RULE_CONFIG"].WARP_PICKS) for k in launches] == [
+                ("coactivation_rule", warp_picks and launches[0]["BLOCK_E"] <= 128)
             ], label
 
 
@@ -473,8 +472,8 @@ def test_coactivation_keys_end_at_4095_tokens(tmp_path) -> None:
     in calls of up to 4095 tokens, where a gain (an aggregate of at most T * 2**24 times a factor of
     at most 2**16) is below 2**52 and the key below the 2**62 the warp maxima take (at 4096 tokens it
     would reach 2**62: one expert holding every row's mass was dropped there); above, as the gain and
-    its index apart.  The plan switches ``COACT_KEYS`` off from the production limit + 1, or from a lowered
-    limit + 1; the other rankings keep it on (one compile)."""
+    its index apart.  The plan switches the co-activation rule's ``KEYS`` off from the production limit + 1,
+    or from a lowered limit + 1; the other rankings' rules have no such knob."""
     assert MAX_KEYED_COACT_TOKENS == PRODUCTION_LIMITS.max_keyed_coact_tokens == 4095
     assert (
         ((MAX_KEYED_COACT_TOKENS << 24 << REDUNDANCY_BITS) << 10 | 1023)
@@ -488,11 +487,11 @@ def test_coactivation_keys_end_at_4095_tokens(tmp_path) -> None:
     def keys(cfg, num_tokens, limits=PRODUCTION_LIMITS) -> bool:
         spec = CallSpec(num_tokens, 128, RouterSpec(8, renormalize=True), layer_id=0, limits=limits)
         (selection,) = [launch for launch in plan_call(cfg, spec).launches if launch.kernel == "select_kernel"]
-        return selection.constexprs["COACT_KEYS"]
+        return selection.constexprs["RULE_CONFIG"]
 
-    assert [keys(coact, t) for t in (1, 4095, 4096, 4097, 8192)] == [True, True, False, False, False]
-    assert [keys(coact, t, KEY_LIMITS) for t in (1, 64, 65, 4097)] == [True, True, False, False]
-    assert keys(router_ranking, 4097) and keys(router_ranking, 65, KEY_LIMITS)
+    assert [keys(coact, t).KEYS for t in (1, 4095, 4096, 4097, 8192)] == [True, True, False, False, False]
+    assert [keys(coact, t, KEY_LIMITS).KEYS for t in (1, 64, 65, 4097)] == [True, True, False, False]
+    assert not hasattr(keys(router_ranking, 4097), "KEYS") and not hasattr(keys(router_ranking, 65, KEY_LIMITS), "KEYS")
 
 
 @pytest.mark.fused_selection
@@ -505,7 +504,6 @@ def test_coactivation_keys_up_to_the_limit_and_not_above(tmp_path, num_tokens: i
     and test_kernel_primitives.py's test_coactivation_picks_hold_at_the_largest_aggregates) and one
     above, over several programs, the picks in every warp or block-wide, both equal the reference: one
     expert's probability close to 1 on every row, ties from integer logits, keep and routing."""
-    from xshare_sglang.kernels import jit
 
     num_experts = 128
     path = _calibration_file(tmp_path, num_layers=2, num_experts=num_experts, seed=5)
@@ -522,9 +520,10 @@ def test_coactivation_keys_up_to_the_limit_and_not_above(tmp_path, num_tokens: i
             launches.clear()
             got = prune_route(routing_call(logits, router, device=DEVICE, layer_id=layer), cfg, limits=KEY_LIMITS)
             label = (num_tokens, style)
-            assert [(k["MODE"], k["SINGLE"], k["COACT_KEYS"], k["WARP_PICKS"]) for k in launches] == [
-                (jit.MODE_COACT.value, False, num_tokens <= 64, warp_picks)
-            ], label
+            config = [
+                (k["RULE"].__name__, k["SINGLE"], k["RULE_CONFIG"].KEYS, k["RULE_CONFIG"].WARP_PICKS) for k in launches
+            ]
+            assert config == [("coactivation_rule", False, num_tokens <= 64, warp_picks)], label
             assert got.keep.cpu().tolist() == want.keep.tolist(), label
             assert torch.equal(got.topk_ids.cpu(), want.topk_ids), label
 

@@ -1,6 +1,8 @@
 """The dispatch table (``xshare_sglang.kernels.plan``): one pure function says what every call launches.
 
-* The plan's set-rule numbers are the jit code's ``MODE_*`` constants.
+* Every set rule the plan names is a jit function of ``kernels/jit/rules/`` with the one rule signature,
+  and the kernels' runtime parameters are the bundles of ``kernels/bundles.py``; no jit code reads an
+  argument by position.
 * The wrapper launches exactly the plan's launches, with the plan's grids, warps and constexprs.
 * ``python -m xshare_sglang.kernels.plan`` prints the table, and docs/kernels.md embeds the current one.
 """
@@ -8,6 +10,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +21,7 @@ import torch
 
 from xshare_sglang import PrunerConfig
 from xshare_sglang.bench import kernel_manifest
+from xshare_sglang.kernels.bundles import KERNEL_BUNDLES
 from xshare_sglang.kernels.launch import Outputs, call_spec, kernel_module
 from xshare_sglang.kernels.plan import CallSpec, Mode, plan_call
 from xshare_sglang.kernels.plan.table import dispatch_table, embedded
@@ -27,10 +32,65 @@ KERNELS = ROOT / "xshare_sglang" / "kernels"
 DEEPSEEK_V3 = RouterSpec(8, "sigmoid", True, 8, 4, 2.5)
 
 
-def test_modes_are_the_jit_codes() -> None:
+RULE_SIGNATURE = ["agg", "warm", "base", "call", "policy", "tables", "coverage", "n_valid", "e", "e_ok", "CONFIG"]
+
+
+def test_every_mode_names_a_rule_of_one_signature() -> None:
+    """Each mode's rule is a jit function of ``jit.rules`` with the one rule signature, in its own module
+    whose first line names its torch reference in ``policies/``, which exists."""
     jit = kernel_module()
-    for mode in Mode:
-        assert getattr(jit, f"MODE_{mode.name}").value == int(mode), mode
+    assert {mode.rule for mode in Mode} == set(jit.RULES)
+    for name, rule in jit.RULES.items():
+        assert list(inspect.signature(rule.fn).parameters) == RULE_SIGNATURE, name
+        assert rule.__name__ == f"{name}_rule" and rule.fn.__module__.endswith(f".rules.{name}"), name
+        first_line = sys.modules[rule.fn.__module__].__doc__.splitlines()[0]
+        reference = first_line.removeprefix("Reference: ").split(" ")[0]
+        module, function = reference.rsplit(".", 1)
+        assert module.startswith("xshare_sglang.policies."), (name, first_line)
+        assert callable(getattr(importlib.import_module(module), function)), (name, reference)
+
+
+def test_the_bundles_are_the_kernels_parameters() -> None:
+    """Each kernel's runtime parameters are, in order, the bundles (and plain arguments) the launch
+    wrapper builds (:data:`~xshare_sglang.kernels.bundles.KERNEL_BUNDLES`); ``select_kernel`` takes at
+    most 30 parameters in all."""
+    jit = kernel_module()
+    for kernel, bundles in KERNEL_BUNDLES.items():
+        parameters = inspect.signature(getattr(jit, kernel).fn).parameters.values()
+        runtime = [p.name for p in parameters if "constexpr" not in str(p.annotation)]
+        assert runtime == [name for name, _ in bundles], kernel
+    assert len(inspect.signature(jit.select_kernel.fn).parameters) <= 30
+
+
+def _jit_functions():
+    for path in sorted((KERNELS / "jit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                yield path, node
+
+
+def test_no_jit_code_reads_an_argument_by_position() -> None:
+    """No jit function indexes a tuple by a number (a shape's dimensions aside) or unpacks one of its
+    names by position: every bundle is read by field name.  No ``MODE`` chain is left."""
+    found = []
+    for path, function in _jit_functions():
+        for node in ast.walk(function):
+            of_shape = isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith(".shape")
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and not of_shape:
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+            unpacked = isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+            if unpacked and isinstance(node.value, ast.Name):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.Name) and node.id == "MODE":
+                found.append(f"{path.name}:{node.lineno} MODE")
+    assert found == []
+
+
+def test_plan_call_chooses_then_derives() -> None:
+    """``plan_call`` is short: it chooses the pipeline and calls one function per kernel."""
+    source = (KERNELS / "plan" / "__init__.py").read_text()
+    (function,) = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "plan_call"]
+    assert function.end_lineno - function.lineno + 1 <= 60
 
 
 @pytest.mark.parametrize("case", kernel_manifest.CASES[::7], ids=kernel_manifest.case_id)
@@ -47,16 +107,27 @@ def test_the_wrapper_launches_what_the_plan_says(case, tmp_path) -> None:
         metrics_gate=kwargs.get("metrics_gate"),
         stats_out=kwargs.get("stats_out"),
     )
-    spec = call_spec(call, route=route, fill_dropped=case["fill"], outputs=outputs, pdl=case["pdl"])
+    spec = call_spec(
+        call,
+        route=route,
+        fill_dropped=case["fill"],
+        outputs=outputs,
+        pdl=case["pdl"],
+        routing_sums_mass=case["routing_sums_mass"],
+    )
     assert spec.metrics == case["metrics"] and spec.num_valid_on_device == (case["nv"] == "tensor")
     plan = plan_call(cfg, spec)
     if case["entry"] == "select" and cfg.policy == "none" and case["metrics"] == "off" and not case["stats"]:
         assert launches == []  # every expert kept: nothing to launch
         return
     assert [fn.__name__ for fn, *_ in launches] == list(plan.kernels)
+    rules = kernel_module().RULES
     for (_, grid, _, recorded), launch in zip(launches, plan.launches, strict=True):
         assert tuple(grid) == launch.grid
-        assert {k: v for k, v in recorded.items() if k in launch.constexprs} == launch.constexprs
+        want = dict(launch.constexprs)
+        if "RULE" in want:
+            want["RULE"] = rules[want["RULE"]]  # the plan names the rule, the wrapper passes its function
+        assert {k: v for k, v in recorded.items() if k in want} == want
         assert {k: recorded[k] for k in launch.options} == launch.options
 
 
@@ -89,16 +160,19 @@ def test_plan_answers_for_the_served_shapes(tmp_path) -> None:
 
 
 def test_a_select_kernel_that_does_not_route_compiles_one_variant() -> None:
-    """The routing's constexprs of a selection that does not route take one value whatever the router
-    (one compile): the same constexprs for a softmax and a biased grouped router above one program."""
+    """A selection that does not route takes no routing constexprs (``ROUTER`` None) whatever the
+    router (one compile): the same constexprs for a softmax and a biased grouped router above one
+    program but the scores' sigmoid."""
     cfg = PrunerConfig(policy="xshare", k0=1, budget=16)
     softmax = CallSpec(64, 256, RouterSpec(8, "softmax"), torch.bfloat16, metrics="on")
     grouped = CallSpec(64, 256, DEEPSEEK_V3, torch.bfloat16, metrics="on", has_bias=True, fill_dropped=True)
     select = [plan_call(cfg, spec).launches[0] for spec in (softmax, grouped)]
     assert select[0].kernel == select[1].kernel == "select_kernel"
-    assert {k: v for k, v in select[0].constexprs.items() if k != "SIGMOID"} == {
-        k: v for k, v in select[1].constexprs.items() if k != "SIGMOID"
+    assert select[0].constexprs["ROUTER"] is None
+    assert {k: v for k, v in select[0].constexprs.items() if k != "SCORES"} == {
+        k: v for k, v in select[1].constexprs.items() if k != "SCORES"
     }
+    assert select[0].constexprs["SCORES"] == select[1].constexprs["SCORES"]._replace(SIGMOID=False)
 
 
 def test_the_table_prints_and_docs_embed_it() -> None:
@@ -119,9 +193,13 @@ def test_the_table_prints_and_docs_embed_it() -> None:
 
 
 def test_plan_module_reads_no_tensor() -> None:
-    """The plan is pure: it imports neither triton nor the jit code."""
-    source = (KERNELS / "plan" / "__init__.py").read_text()
-    assert "triton" not in source and "jit" not in source
+    """The plan is pure: no module of it imports triton or the jit code."""
+    for path in sorted((KERNELS / "plan").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                names += [a.name for a in node.names]
+                assert not any("triton" in n or "jit" in n for n in names), (path, ast.unparse(node))
 
 
 def test_kernel_modules_stay_small() -> None:

@@ -1,9 +1,11 @@
-"""The selection kernel's parallel building blocks against brute force, exactly.
+"""The selection kernel's parallel building blocks and its set rules against brute force, exactly.
 
 Each ``@triton.jit`` helper of ``kernels/jit/`` that replaced a serial loop (the int64
 division of the scores, the pairwise order through global memory) is run alone through a small test
 kernel, on inputs chosen to hit its edges: ties in the order, exact multiples and off-by-one numerators
-in the division, flags and groups at random.  On CPU under ``TRITON_INTERPRET=1``; natively on a GPU.
+in the division, flags and groups at random.  Every set rule of ``kernels/jit/rules/`` is run alone on
+given totals (aggregates, warm-up marks, per-request sets) against its torch reference in ``policies/``.
+On CPU under ``TRITON_INTERPRET=1``; natively on a GPU.
 """
 
 from __future__ import annotations
@@ -16,9 +18,19 @@ import triton
 import triton.language as tl
 
 from xshare_sglang.calibration_file import REDUNDANCY_BITS
-from xshare_sglang.kernels.jit import coact, lynx, numerics, rules
+from xshare_sglang.kernels import bundles
+from xshare_sglang.kernels.jit import lynx, numerics, order
+from xshare_sglang.kernels.jit.rules import RULES
 from xshare_sglang.kernels.plan import MAX_KEYED_COACT_TOKENS, MAX_TOKENS
-from xshare_sglang.policies.greedy import coactivation_add
+from xshare_sglang.policies.greedy import (
+    coactivation_add,
+    coverage_add,
+    greedy_add,
+    rank_rounds_add,
+    tau_fixed_point,
+    threshold_add,
+)
+from xshare_sglang.policies.moe_spec import _top
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -60,8 +72,8 @@ def _order_kernel(
     prim = tl.load(prim_ptr + e, mask=e_ok, other=0)
     flag = (tl.load(flag_ptr + e, mask=e_ok, other=0) != 0) & e_ok
     group = tl.load(group_ptr + e, mask=e_ok, other=-1)
-    tl.store(place_ptr + e, rules.places(prim, flag, e, e_ok, group, USE_GROUP), mask=e_ok)
-    tl.store(keep_ptr + e, rules.prefix_keep(prim, flag, e, kept_mass, needed).to(tl.int8), mask=e_ok)
+    tl.store(place_ptr + e, order.places(prim, flag, e, e_ok, group, USE_GROUP), mask=e_ok)
+    tl.store(keep_ptr + e, order.prefix_keep(prim, flag, e, kept_mass, needed).to(tl.int8), mask=e_ok)
 
 
 def _on(t: torch.Tensor) -> torch.Tensor:
@@ -164,7 +176,7 @@ def _take_kernel(prim_ptr, chosen_ptr, out_ptr, n, rest, BLOCK: tl.constexpr):
     e_ok = e < n
     prim = tl.load(prim_ptr + e, mask=e_ok, other=0)
     chosen = tl.load(chosen_ptr + e, mask=e_ok, other=0)
-    tl.store(out_ptr + e, rules.take_by_order(prim, chosen, e, e_ok, rest), mask=e_ok)
+    tl.store(out_ptr + e, order.take_by_order(prim, chosen, e, e_ok, rest), mask=e_ok)
 
 
 def _brute_take(prim, chosen, rest):
@@ -235,23 +247,151 @@ def test_lynx_bin_counts_ignore_rows_that_do_not_vote(num_experts: int, rows: in
 
 
 @triton.jit
-def _coact_kernel(
+def _rule_kernel(
     agg_ptr,
-    redundancy_ptr,
+    warm_ptr,
+    base_ptr,
     keep_ptr,
-    n,
-    count,
-    COACT_KEYS: tl.constexpr,
-    WARP_PICKS: tl.constexpr,
+    call,
+    policy,
+    tables,
+    coverage,
+    n_valid,
+    RULE: tl.constexpr,
+    CONFIG: tl.constexpr,
     BLOCK_E: tl.constexpr,
-    WARPS: tl.constexpr,
 ):
+    """One set rule alone (``RULE``, with its ``CONFIG``) on given totals, as the selection's last
+    program applies it."""
     e = tl.arange(0, BLOCK_E)
-    e_ok = e < n
+    e_ok = e < call.num_experts
     agg = tl.load(agg_ptr + e, mask=e_ok, other=0)
-    real_rows = tl.full([], 1, tl.int64)
-    keep = coact.coact_rule(agg, count, redundancy_ptr, n, real_rows, e, e_ok, COACT_KEYS, WARP_PICKS, BLOCK_E, WARPS)
+    warm = tl.load(warm_ptr + e, mask=e_ok, other=0)
+    base = tl.load(base_ptr + e, mask=e_ok, other=0)
+    keep = RULE(agg, warm, base, call, policy, tables, coverage, n_valid, e, e_ok, CONFIG)
     tl.store(keep_ptr + e, keep.to(tl.int8), mask=e_ok)
+
+
+def _run_rule(
+    rule: str,
+    config,
+    agg,
+    *,
+    warm=None,
+    base=None,
+    count=0,
+    tau=1.0,
+    rank_budget=0,
+    num_valid=1,
+    static=None,
+    redundancy=None,
+    ranks=None,
+    scores=None,
+    warps=4,
+) -> list[bool]:
+    """The keep mask [E] of ``rule`` on the totals ``agg`` (int64), ``warm`` and ``base`` (bool)."""
+    num_experts = agg.shape[0]
+    zeros = torch.zeros(num_experts, dtype=torch.int32)
+    placeholder = _on(torch.zeros(1, dtype=torch.int32))
+    num_tokens = 1 if scores is None else scores.shape[0]
+    call = bundles.CallArgs(placeholder, num_experts, 1, num_tokens, num_experts, placeholder, num_valid, placeholder)
+    policy = bundles.PolicyArgs(0, 8, 0, count, tau_fixed_point(tau), rank_budget, 0, 0, 0, 1.0, 0)
+    tables = bundles.TableArgs(
+        _on(static if static is not None else zeros),
+        _on(redundancy if redundancy is not None else zeros),
+        _on(ranks if ranks is not None else zeros),
+    )
+    row_scores = _on(scores.to(torch.int32).contiguous()) if scores is not None else placeholder
+    coverage = bundles.CoverageArgs(row_scores, placeholder, placeholder, 0, placeholder, placeholder)
+    out = _on(torch.full((num_experts,), -1, dtype=torch.int8))
+    as_int = lambda flags: _on((flags if flags is not None else torch.zeros(num_experts, dtype=torch.bool)).int())  # noqa: E731
+    _rule_kernel[(1,)](
+        _on(agg),
+        as_int(warm),
+        as_int(base),
+        out,
+        call,
+        policy,
+        tables,
+        coverage,
+        num_valid,
+        RULE=RULES[rule],
+        CONFIG=config,
+        BLOCK_E=triton.next_power_of_2(num_experts),
+        num_warps=warps,
+    )
+    return out.cpu().bool().tolist()
+
+
+def _totals(num_experts: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Aggregates with ties, zeros and large values; warm-up marks and per-request sets at random."""
+    gen = torch.Generator().manual_seed(seed)
+    agg = torch.randint(0, 1 << 30, (num_experts,), generator=gen, dtype=torch.int64)
+    agg[::7] = agg[1]  # ties
+    agg[3::5] = 0  # experts no row scores
+    warm = torch.rand(num_experts, generator=gen) < 0.1
+    base = torch.rand(num_experts, generator=gen) < 0.15
+    return agg, warm, base
+
+
+@pytest.mark.parametrize("num_experts", [60, 128, 256])
+def test_each_set_rule_alone_is_its_reference(num_experts: int) -> None:
+    """Each rule of ``jit.rules`` on given totals equals its torch reference: the trivial sets exactly as
+    given; the greedy budget, mass threshold and expert-parallel rounds on the warm-up set (or, for
+    xshare-spec, the per-request sets); the router ranking's and the calibrated places' top count; the
+    co-activation and coverage greedies.  Budgets below, at and above the candidates."""
+    agg, warm, base = _totals(num_experts, num_experts)
+    steps = triton.next_power_of_2(num_experts).bit_length() + 1
+    no_config = bundles.NoConfig()
+    every = [True] * num_experts
+    assert _run_rule("keep_all", no_config, agg) == every
+    assert _run_rule("warm", no_config, agg, warm=warm) == warm.tolist()
+    assert _run_rule("given", no_config, agg, base=base) == base.tolist()
+    static = torch.randperm(num_experts, generator=torch.Generator().manual_seed(1)).int()
+    ranks = torch.arange(num_experts, dtype=torch.int32) % 4
+    for count in (0, 1, 5, num_experts // 2, num_experts + 1):
+        label = (num_experts, count)
+        for from_requests, start in ((False, warm), (True, base)):
+            config = bundles.GreedyConfig(FROM_REQUESTS=from_requests, SCORE_TOPK=False, ORDER=True)
+            got = _run_rule("greedy", config, agg, warm=warm, base=base, count=count)
+            assert got == greedy_add(start, agg, count).tolist(), label
+        config = bundles.TopAggregateConfig(SCORE_TOPK=False, ORDER=True)
+        assert _run_rule("top_aggregate", config, agg, count=count) == _top(agg, count).tolist(), label
+        assert _run_rule("static", no_config, agg, count=count, static=static) == (static < count).tolist(), label
+        assert _run_rule("static", no_config, agg, count=count, static=static, num_valid=0) == [False] * num_experts
+        config = bundles.RankRoundsConfig(SEARCH_STEPS=steps)
+        want = rank_rounds_add(warm, agg, ranks.long(), count).tolist()
+        assert _run_rule("rank_rounds", config, agg, warm=warm, rank_budget=count, ranks=ranks) == want, label
+    for tau in (0.0, 0.5, 0.9, 1.0):
+        want = threshold_add(warm, agg, tau).tolist()
+        assert _run_rule("threshold", no_config, agg, warm=warm, tau=tau) == want, (num_experts, tau)
+
+
+@pytest.mark.parametrize("num_experts", [60, 128])
+def test_the_coverage_rule_on_its_register_tile_is_its_reference(num_experts: int) -> None:
+    """The coverage ranking's rule, every row in its register tile, equals ``coverage_add``: rows that
+    share experts, ties, a budget below and above the experts that gain."""
+    num_tokens = 6
+    gen = torch.Generator().manual_seed(num_experts)
+    scores = torch.zeros(num_tokens, num_experts, dtype=torch.int64)
+    for t in range(num_tokens):
+        picked = torch.randperm(num_experts, generator=gen)[:4]
+        scores[t, picked] = torch.randint(1, 1 << 22, (4,), generator=gen, dtype=torch.int64)
+    scores[1] = scores[0]  # two rows alike: the second adds no coverage
+    agg = scores.sum(dim=0)
+    block_e = triton.next_power_of_2(num_experts)
+    config = bundles.CoverageConfig(
+        PAIRS=False,
+        LISTS=False,
+        WARP_PICKS=False,
+        TILE_ROWS=8,
+        SEARCH_STEPS=block_e.bit_length() + 1,
+        BLOCK_E=block_e,
+        WARPS=4,
+    )
+    for count in (1, 3, 10, num_experts + 1):
+        want = coverage_add(scores, agg, count, torch.tensor(True)).tolist()
+        assert _run_rule("coverage", config, agg, count=count, scores=scores) == want, count
 
 
 #: The largest aggregate a call of 4095 tokens (the packed keys' limit) can hold: every row's whole
@@ -264,7 +404,7 @@ KEYED_LARGEST = MAX_KEYED_COACT_TOKENS << 24
     [
         (True, True, 128, KEYED_LARGEST - 1),  # picks in every warp on packed keys below 2**62 ...
         (True, True, 128, KEYED_LARGEST),  # ... and at the largest a keyed call can hold
-        (True, False, 160, KEYED_LARGEST),  # block-wide packed keys (the A/B of the warp picks)
+        (True, False, 160, KEYED_LARGEST),  # block-wide packed keys (above the warps' reach)
         (False, False, 160, MAX_TOKENS << 24),  # above the keys' limit: a (gain, index) maximum
     ],
 )
@@ -288,17 +428,7 @@ def test_coactivation_picks_hold_at_the_largest_aggregates(coact_keys, warp_pick
     redundancy = torch.maximum(redundancy, redundancy.T).to(torch.int32).contiguous()
     for count in (1, 5, num_experts // 2, num_experts + 3):
         want = coactivation_add(agg, redundancy, count, torch.tensor(True))
-        out = _on(torch.full((num_experts,), -1, dtype=torch.int8))
-        _coact_kernel[(1,)](
-            _on(agg),
-            _on(redundancy),
-            out,
-            num_experts,
-            count,
-            COACT_KEYS=coact_keys,
-            WARP_PICKS=warp_picks,
-            BLOCK_E=triton.next_power_of_2(num_experts),
-            WARPS=4,
-            num_warps=4,
-        )
-        assert out.cpu().bool().tolist() == want.tolist(), count
+        block_e = triton.next_power_of_2(num_experts)
+        config = bundles.CoactivationConfig(KEYS=coact_keys, WARP_PICKS=warp_picks, BLOCK_E=block_e, WARPS=4)
+        got = _run_rule("coactivation", config, agg, count=count, redundancy=redundancy)
+        assert got == want.tolist(), count

@@ -37,6 +37,7 @@ from xshare_sglang.kernels import (
     prune_route,
     select_keep_mask,
 )
+from xshare_sglang.kernels.bundles import flat_constexprs
 from xshare_sglang.kernels.jit import numerics
 from xshare_sglang.kernels.plan import (
     COVERAGE_SPLIT_ROWS,
@@ -534,6 +535,11 @@ def test_biased_groups_route_like_the_reference_on_a_warp_per_group(shape, num_t
         _compare_routing(logits, cfg, router, bias=bias, num_valid_tokens=num_tokens, token_weights=weights, layer_id=2)
 
 
+def _fields(constexprs: dict) -> dict:
+    """A launch's constexprs with its bundles' fields by their own names (``FINISH.GATED`` as ``GATED``)."""
+    return {name.rsplit(".", 1)[-1]: value for name, value in flat_constexprs(constexprs).items()}
+
+
 def _launch_grids(num_tokens, num_experts, cfg, **kwargs) -> dict[str, tuple]:
     """``{kernel: (grid, num_warps, GROUP_WARPS)}`` of one call's launches, captured without launching."""
     from xshare_sglang.bench.kernel_compile import capture_launches
@@ -542,11 +548,14 @@ def _launch_grids(num_tokens, num_experts, cfg, **kwargs) -> dict[str, tuple]:
     logits = make_logits(num_tokens, num_experts, "normal", seed=num_tokens)
     call = routing_call(logits, router, as_tensor=True, correction_bias=bias, num_valid_tokens=num_tokens, layer_id=1)
     launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64), **kwargs)
-    return {name: (tuple(grid), kw["num_warps"], kw.get("GROUP_WARPS")) for name, (grid, _, kw) in launches.items()}
+    return {
+        name: (tuple(grid), kw["num_warps"], kw["ROUTER"] is not None and kw["ROUTER"].GROUP_WARPS)
+        for name, (grid, _, kw) in launches.items()
+    }
 
 
 @pytest.mark.fused_selection
-def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeypatch, tmp_path) -> None:
+def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(tmp_path) -> None:
     """Which launches route with a warp per group (``group_warp_routing``): a one-row call of biased
     groups of 32 experts, whatever the policy, the routing kernel above one program up to 256 rows
     (a program per row), and 2 to 8 rows of ``none`` and static moe-spec; not a one-program call of
@@ -564,9 +573,8 @@ def test_rows_of_biased_groups_of_32_take_a_warp_per_group_where_planned(monkeyp
     static = _static_ranking(tmp_path, 256)
     assert _launch_grids(2, 256, static) == {"route_kernel": ((2,), 8, True)}
     assert _launch_grids(8, 256, static) == {"route_kernel": ((8,), 8, True)}
-    with monkeypatch.context() as patch:
-        patch.setattr(plan_module, "ROUTING_SUMS_MASS", False)  # the metrics row's mass from the selection
-        assert _launch_grids(8, 256, static) == {"select_kernel": ((1,), 8, False)}
+    # the metrics row's mass from the selection (the other side of the open switch)
+    assert _launch_grids(8, 256, static, routing_sums_mass=False) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(8, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(7, 256, oea) == {"select_kernel": ((1,), 8, False)}
     assert _launch_grids(40, 256, PrunerConfig()) == {"route_kernel": ((40,), 8, True)}
@@ -657,7 +665,7 @@ def test_a_budget_that_takes_every_candidate_launches_no_order(
     cfg = PrunerConfig(policy="xshare", k0=1, budget=budget, max_experts=max_experts)
     launches = capture_launches(routing_call(logits, RouterSpec(8, "softmax")), cfg)
     _, _, kwargs = launches["select_kernel"]
-    assert (kwargs["ORDER"], kwargs["num_warps"]) == (order, warps)
+    assert (kwargs["RULE_CONFIG"].ORDER, kwargs["num_warps"]) == (order, warps)
 
 
 def test_moe_spec_static_routing(tmp_path) -> None:
@@ -677,14 +685,13 @@ def test_moe_spec_static_routing(tmp_path) -> None:
 @pytest.mark.fused_selection
 @pytest.mark.parametrize("routing_sums_mass", [True, False], ids=["routing_mass", "select_mass"])
 @pytest.mark.parametrize("with_metrics", [True, False], ids=["metrics", "no_metrics"])
-def test_static_moe_spec_routes_alone_above_one_program(with_metrics, routing_sums_mass, tmp_path, monkeypatch):
+def test_static_moe_spec_routes_alone_above_one_program(with_metrics, routing_sums_mass, tmp_path):
     """Static moe-spec above one program launches the routing kernel alone: every routing program
     derives the calibrated mask (the token range included), program 0 stores it and adds the kept
     count and the call.  With a metrics row only where the routing sums the retained mass
-    (``ROUTING_SUMS_MASS``); otherwise the selection runs first, as before.  Keep, ids, weights and
+    (``routing_sums_mass``); otherwise the selection runs first, as before.  Keep, ids, weights and
     metrics equal the reference's for real-token counts inside, above and below the range, and 0;
     the counters are back at 0 after every call."""
-    monkeypatch.setattr(importlib.import_module("xshare_sglang.kernels.plan"), "ROUTING_SUMS_MASS", routing_sums_mass)
     from xshare_sglang.bench.kernel_compile import capture_launches
 
     num_tokens, num_experts = 40, 64
@@ -697,11 +704,13 @@ def test_static_moe_spec_routes_alone_above_one_program(with_metrics, routing_su
         fields = dict(num_valid_tokens=num_valid, layer_id=layer)
         call = routing_call(logits, router, device=DEVICE, as_tensor=True, **fields)
         metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE) if with_metrics else None
-        launches = capture_launches(call, cfg, metrics_row=None if metrics is None else metrics.cpu())
+        launches = capture_launches(
+            call, cfg, metrics_row=None if metrics is None else metrics.cpu(), routing_sums_mass=routing_sums_mass
+        )
         assert list(launches) == (["route_kernel"] if alone else ["select_kernel", "route_kernel"]), num_valid
         want_metrics = torch.zeros(4, dtype=torch.int64)
         want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
-        got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics)
+        got = prune_route(call, cfg, workspace=workspace, metrics_row=metrics, routing_sums_mass=routing_sums_mass)
         # the range matters: inside it the 11 calibrated experts are kept, outside it every one
         assert int(want.keep.sum()) == (11 if 2 <= num_valid <= 30 else num_experts), num_valid
         assert got.keep.cpu().tolist() == want.keep.tolist(), num_valid
@@ -1157,11 +1166,11 @@ def test_retained_mass_of_rules_without_scores_is_summed_by_the_routing(
         logits = make_logits(num_tokens, num_experts, "normal", seed=call_seed)
         call = routing_call(logits, router, device=DEVICE, as_tensor=True, **fields)
         launches = capture_launches(call, cfg, metrics_row=torch.zeros(4, dtype=torch.int64))
-        assert launches["route_kernel"][2]["ROUTE_MASS"]
+        assert launches["route_kernel"][2]["MASS"] is not None
         if rule == "moe-spec-static":  # the calibrated set: no selection launch at all
-            assert set(launches) == {"route_kernel"} and launches["route_kernel"][2]["STATIC_KEEP"]
+            assert set(launches) == {"route_kernel"} and launches["route_kernel"][2]["MASK"].STATIC_KEEP
         else:
-            assert not launches["select_kernel"][2]["NEED_SCORES"]
+            assert not launches["select_kernel"][2]["SCORES"].NEED_SCORES
         want_metrics = torch.zeros(4, dtype=torch.int64)
         want = prune_route_reference(routing_call(logits, router, **fields), cfg, metrics_row=want_metrics)
         metrics = torch.zeros(4, dtype=torch.int64, device=DEVICE)
@@ -1256,12 +1265,12 @@ def test_a_metrics_gate_of_zero_adds_nothing_and_leaves_the_counters_clean(
         if launch != "select"
         else {}
     )
-    assert all(kwargs["GATED"] for _, _, kwargs in launches.values() if "GATED" in kwargs)
+    gated = {name: _fields(kwargs).get("GATED") for name, (_, _, kwargs) in launches.items() if name != "fill_kernel"}
+    assert all(gated.values()) and len(gated) == len([name for name in launches if name != "fill_kernel"])
     if "select_kernel" in launches:
         # scores that only the retained mass wants are computed in the calls that add metrics alone
         metric_scores = rule in ("oea", "moe-spec-static", "lynx") and launches["select_kernel"][0] == (1,)
-        assert launches["select_kernel"][2]["METRIC_SCORES"] == metric_scores
-    assert all("GATED" in kwargs for name, (_, _, kwargs) in launches.items() if name != "fill_kernel")
+        assert metric_scores == launches["select_kernel"][2]["SCORES"].METRIC_SCORES
 
 
 def test_a_metrics_gate_needs_its_row_and_a_one_word_int32() -> None:
@@ -1490,16 +1499,16 @@ def _path(logits, cfg, router, *, entry="route", bias=None, as_tensor=True, limi
     score totals (``"select"``) takes through the kernels, recorded without running them: each launch's
     kernel, warps, options and constexprs (not its grid); how the selection's programs and the routing's
     lay out the rows; and the branches the kernels take on the real-token count."""
-    from xshare_sglang.bench.kernel_manifest import recording
+    from xshare_sglang.kernels.launch import planned_launches
 
     fill_dropped = fields.pop("fill_dropped", False)
     call = routing_call(logits, router, correction_bias=bias, as_tensor=as_tensor, **fields)
-    with recording() as launches:
-        if entry == "route":
-            metrics = torch.zeros(4, dtype=torch.int64)
-            prune_route(call, cfg, fill_dropped=fill_dropped, metrics_row=metrics, limits=limits)
-        else:
-            select_keep_mask(call, cfg, stats_out=torch.zeros(2, dtype=torch.int64), limits=limits)
+    if entry == "route":
+        metrics = torch.zeros(4, dtype=torch.int64)
+        planned = planned_launches(call, cfg, fill_dropped=fill_dropped, metrics_row=metrics, limits=limits)
+    else:
+        stats = torch.zeros(2, dtype=torch.int64)
+        planned = planned_launches(call, cfg, entry="select", stats_out=stats, limits=limits)
     num_tokens, num_experts = logits.shape
     split = plan_for(cfg, num_tokens, num_experts, call.tokens_per_request, limits=limits)
     # a program's step: a tile of rows, or one request of a per-request policy
@@ -1510,7 +1519,7 @@ def _path(logits, cfg, router, *, entry="route", bias=None, as_tensor=True, limi
     real = min(max(num_valid, 0), num_tokens)
     low, high = cfg.min_tokens or 0, cfg.max_tokens if cfg.max_tokens is not None else math.inf
     return dict(
-        launches=[(fn.__name__, dict(kwargs)) for fn, _, _, kwargs in launches],
+        launches=[(launch.kernel, dict(launch.kwargs)) for launch in planned],
         layout=dict(
             programs=min(split.num_parts, 3),  # 3: a first, a middle and a last program
             steps=min(split.rows_per_program // step, 2),  # 2: several tiles (or requests) a program

@@ -1,7 +1,8 @@
 """Compile the fused selection kernels for a GPU on a machine without one, exactly as a launch would.
 
-``prune_route`` is called with CPU tensors and its jit functions replaced by recorders, so the launch
-wrapper builds every argument as it does on a GPU; each recorded launch is then compiled for
+The launch wrapper plans a ``prune_route`` call on CPU tensors
+(:func:`~xshare_sglang.kernels.launch.planned_launches`), building every argument as it does on a GPU;
+each planned launch is then compiled for
 the target (sm_90 by default) with Triton's own argument specialization (the binder a real launch
 runs: alignment and value-1 specialization of the arguments).  The result is what the GPU would run:
 its PTX, and its SASS through the ``cuobjdump`` Triton ships.
@@ -33,14 +34,12 @@ GLOBAL_MEMORY_OPS = ("ld.global", "st.global", "atom.global", "red.global")
 
 def capture_launches(call, cfg, **prune_route_kwargs) -> dict[str, tuple]:
     """The launches one :func:`~xshare_sglang.kernels.prune_route` call makes, without launching:
-    ``{kernel name: (grid, args, kwargs)}`` (:func:`~xshare_sglang.bench.kernel_manifest.recording`).
+    ``{kernel name: (grid, args, kwargs)}`` (:func:`~xshare_sglang.kernels.launch.planned_launches`).
     ``call`` holds CPU tensors."""
-    from ..kernels import prune_route
-    from .kernel_manifest import recording
+    from ..kernels.launch import planned_launches
 
-    with recording() as launches:
-        prune_route(call, cfg, **prune_route_kwargs)
-    return {fn.__name__: (grid, args, kwargs) for fn, grid, args, kwargs in launches}
+    launches = planned_launches(call, cfg, **prune_route_kwargs)
+    return {launch.kernel: (launch.grid, launch.args, launch.kwargs) for launch in launches}
 
 
 def compile_launch(name: str, args: tuple, kwargs: dict, capability: int = 90):

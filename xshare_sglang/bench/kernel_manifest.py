@@ -2,9 +2,11 @@
 
 For each call of :data:`CASES` (every policy and ranking, every router kind, T from 1 to 512, bf16 and
 float32, metrics off, on and gated, filled slots, per-request scopes, dependent launch on and off,
-and the select-only entry point) the wrapper is run on CPU tensors with its kernels replaced by
-recorders (:func:`capture`), and each launch is written down: the kernel, its grid, its warps and
-launch options, the value of every constexpr, and, with ``ptx=True``, the SHA-256 of its sm_90 PTX
+the select-only entry point, and both sides of the open routing-sums switch) the wrapper plans the
+call on CPU tensors (:func:`~xshare_sglang.kernels.launch.planned_launches`, :func:`capture`), and each
+launch is written down: the kernel, its grid, its warps and launch options, the value of every
+constexpr (a bundle's fields as ``BUNDLE.FIELD``, the set rule by name), and, with ``ptx=True``, the
+SHA-256 of its sm_90 PTX
 compiled here with line information off and the entry and parameter names normalized
 (:func:`ptx_digest`).  ``tests/data/kernel_manifest.json`` holds it; ``tests/test_kernel_manifest.py``
 recomputes it.  A change to the kernels or their plan then shows in the manifest's diff as exactly
@@ -17,16 +19,13 @@ Regenerate with ``python -m xshare_sglang.bench.kernel_manifest --write tests/da
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import importlib
 import inspect
 import json
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +72,7 @@ NUM_RANKS = 4  # xshare-ep's expert-parallel ranks
 
 def _case(policy, router, tokens, dtype="bf16", metrics="on", *, entry="prune_route", **extra) -> dict:
     case = dict(entry=entry, policy=policy, router=router, tokens=tokens, dtype=dtype, metrics=metrics)
-    case.update(fill=False, pdl=False, votes=False, nv="tensor", stats=False)
+    case.update(fill=False, pdl=False, votes=False, nv="tensor", stats=False, routing_sums_mass=True)
     case.update(extra)
     return case
 
@@ -114,6 +113,11 @@ def _cases() -> list[dict]:
             )
     for policy in ("oea", "moe-spec-static", "lynx", "xshare"):
         cases.append(_case(policy, "softmax", 32, "bf16", "off", entry="select", stats=True))
+    # the other side of the open switch: the selection scores every row for the retained mass
+    for policy in ("oea", "moe-spec-static", "lynx"):
+        for router, tokens in (("softmax", 32), ("deepseek-v3", 257)):
+            for metrics in ("on", "gated"):
+                cases.append(_case(policy, router, tokens, "bf16", metrics, routing_sums_mass=False))
     seen, unique = set(), []
     for case in cases:
         key = case_id(case)
@@ -138,6 +142,8 @@ def case_id(case: dict) -> str:
             parts.append(flag)
     if case["nv"] != "tensor":
         parts.append("nv-int")
+    if not case.get("routing_sums_mass", True):
+        parts.append("select-mass")
     return "/".join(parts)
 
 
@@ -195,62 +201,30 @@ def build_call(case: dict, folder: Path) -> tuple[RoutingCall, PrunerConfig, dic
     else:
         kwargs["fill_dropped"] = case["fill"]
         kwargs["enable_pdl"] = case["pdl"]
+    if not case.get("routing_sums_mass", True):
+        kwargs["routing_sums_mass"] = False
     return call, cfg, kwargs
 
 
 # ------------------------------------------------------------------------------------------ capture
-KERNELS = ("fill_kernel", "select_kernel", "lynx_pick_kernel", "route_kernel")
-
-
-class _Recorder:
-    """Stands in for a jit function: appends each launch to ``launches`` instead of launching."""
-
-    def __init__(self, fn, launches: list) -> None:
-        self.fn, self.launches = fn, launches
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append((self.fn, tuple(grid), args, dict(kwargs)))
-
-        return launch
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[list]:
-    """Within the block, the wrapper's kernels record their launches into the yielded list (in launch
-    order: ``(jit function, grid, args, kwargs)``) instead of launching, and CPU tensors reach the
-    launch code as under the interpreter."""
-    wrapper = importlib.import_module("xshare_sglang.kernels.launch")
-    jit = wrapper.kernel_module()
-    real = {name: getattr(jit, name) for name in KERNELS}
-    launches: list = []
-    interpreting = wrapper._interpreting
-    wrapper._interpreting = lambda: True
-    # the wrapper turns dependent launches off under the interpreter (it reads the environment)
-    interpret = os.environ.pop("TRITON_INTERPRET", None)
-    for name, fn in real.items():
-        setattr(jit, name, _Recorder(fn, launches))
-    try:
-        yield launches
-    finally:
-        for name, fn in real.items():
-            setattr(jit, name, fn)
-        wrapper._interpreting = interpreting
-        if interpret is not None:
-            os.environ["TRITON_INTERPRET"] = interpret
-
-
 def capture(case: dict, folder: Path) -> list[tuple]:
-    """The launches of one case, recorded, not run: ``[(jit function, grid, args, kwargs)]``."""
-    from ..kernels import prune_route, select_keep_mask
+    """The launches of one case, planned, not run: ``[(jit function, grid, args, kwargs)]``."""
+    from ..kernels.launch import planned_launches
 
     call, cfg, kwargs = build_call(case, folder)
-    with recording() as launches:
-        if case["entry"] == "select":
-            select_keep_mask(call, cfg, **kwargs)
-        else:
-            prune_route(call, cfg, **kwargs)
-    return launches
+    entry = "select" if case["entry"] == "select" else "prune_route"
+    return [
+        (launch.fn, launch.grid, launch.args, launch.kwargs)
+        for launch in planned_launches(call, cfg, entry=entry, **kwargs)
+    ]
+
+
+def _values(name: str, value: Any) -> dict[str, Any]:
+    """A constexpr as the manifest records it: a bundle's fields as ``NAME.FIELD``, a jit function by
+    its name, plain values as they are (anything else as its repr)."""
+    if hasattr(value, "_asdict"):  # a named tuple of constexprs
+        return {f"{name}.{field}": _value(field_value) for field, field_value in value._asdict().items()}
+    return {name: _value(value)}
 
 
 def _value(value: Any) -> Any:
@@ -258,6 +232,8 @@ def _value(value: Any) -> Any:
         value = value.value
     if isinstance(value, bool | int | float | str) or value is None:
         return value
+    if hasattr(value, "__name__") and hasattr(value, "fn"):  # a jit function (a set rule)
+        return value.__name__
     return repr(value)
 
 
@@ -272,7 +248,10 @@ def launch_record(fn, grid: tuple, args: tuple, kwargs: dict) -> dict:
     parameters = _parameters(fn)
     names = [name for name, _ in parameters]
     bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
-    constexprs = {name: _value(bound[name]) for name, constexpr in parameters if constexpr}
+    constexprs: dict[str, Any] = {}
+    for name, constexpr in parameters:
+        if constexpr:
+            constexprs.update(_values(name, bound[name]))
     options = {k: _value(kwargs[k]) for k in LAUNCH_OPTIONS if k in kwargs and k != "num_warps"}
     return dict(
         kernel=fn.__name__,

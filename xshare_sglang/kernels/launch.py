@@ -33,6 +33,22 @@ from ..policies.moe_spec import layer_redundancy, static_positions
 from ..policies.prune_route import PrunedRouting, check_outputs, route_checked
 from ..policies.rewrite import add_metrics, selection_metrics
 from ..policies.scores import float32_value
+from .bundles import (
+    KERNEL_BUNDLES,
+    CallArgs,
+    CoverageArgs,
+    LynxArgs,
+    LynxPickArgs,
+    LynxPolicyArgs,
+    OutputArgs,
+    PolicyArgs,
+    RouteStateArgs,
+    RoutingArgs,
+    ShareArgs,
+    SplitArgs,
+    StaticArgs,
+    TableArgs,
+)
 from .plan import (
     MAX_COVERAGE_TOKENS,
     MAX_EXPERTS,
@@ -67,10 +83,11 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def unsupported_reason(call: RoutingCall, cfg: PrunerConfig) -> str | None:
-    """Why the kernels cannot serve this call, or None when they can."""
+def unsupported_reason(call: RoutingCall, cfg: PrunerConfig, *, check_device: bool = True) -> str | None:
+    """Why the kernels cannot serve this call, or None when they can (``check_device=False``: its
+    shapes, dtype and policy alone, wherever its tensors are)."""
     logits = call.logits
-    if not (logits.is_cuda or (_interpreting() and logits.device.type == "cpu")):
+    if check_device and not (logits.is_cuda or (_interpreting() and logits.device.type == "cpu")):
         return f"logits on {logits.device.type} (the kernels need CUDA, or TRITON_INTERPRET=1 on CPU)"
     if logits.dtype not in SUPPORTED_DTYPES:
         return f"logits dtype {logits.dtype} (supported: float32, bfloat16, float16)"
@@ -106,8 +123,10 @@ def call_spec(
     outputs: Outputs,
     pdl: bool,
     limits: PlanLimits = PRODUCTION_LIMITS,
+    routing_sums_mass: bool = True,
 ) -> CallSpec:
-    """What :func:`~.plan.plan_call` needs to know of a call and its outputs (and the plan's limits)."""
+    """What :func:`~.plan.plan_call` needs to know of a call and its outputs (and the plan's limits
+    and open switch, :class:`~.plan.CallSpec`)."""
     num_tokens, num_experts = call.logits.shape
     metrics = "off" if outputs.metrics_row is None else ("gated" if outputs.metrics_gate is not None else "on")
     return CallSpec(
@@ -126,6 +145,7 @@ def call_spec(
         stats=outputs.stats_out is not None,
         pdl=pdl,
         limits=limits,
+        routing_sums_mass=routing_sums_mass,
     )
 
 
@@ -141,124 +161,150 @@ class Outputs:
     stats_out: torch.Tensor | None = None
 
 
-#: The names of each kernel's arguments, in the groups the kernels take them in (a tuple flattens into
-#: the kernel's parameters in order): for tools that read a launch's arguments by name.
-_CALL = ("logits_ptr", "stride_t", "stride_e", "num_tokens", "num_experts", "n_valid_ptr", "n_valid_arg", "weights_ptr")
-_ROUTING = (
-    *("bias_ptr", "ids_ptr", "ids_stride", "out_w_ptr", "out_w_stride"),
-    *("top_k", "topk_group", "group_size", "num_groups", "scale"),
-)
-_OUTPUTS = ("keep_ptr", "metrics_ptr", "metrics_gate_ptr", "stats_ptr")
-_POLICY = ("k0", "top_k", "request_budget", "count", "tau_q", "rank_budget", "cap", "min_tokens", "max_tokens")
-ARGUMENT_NAMES = {
-    "fill_kernel": ("ptr", "numel"),
-    "select_kernel": (
-        _CALL,
-        ("rows_per_program", "rows_per_request"),
-        (*_POLICY, "alpha", "beta"),
-        ("static_ptr", "redundancy_ptr", "group_ptr"),
-        ("row_scores_ptr", "cover_rows_ptr", "cover_count_ptr", "cover_capacity", "cover_agg_ptr", "cover_pairs_ptr"),
-        ("agg_acc_ptr", "warm_acc_ptr", "base_acc_ptr", "counts_acc_ptr"),
-        ("digits_ptr", "s_rank_ptr"),
-        "ticket_ptr",
-        _OUTPUTS,
-        _ROUTING,
-    ),
-    "lynx_pick_kernel": (
-        _CALL,
-        ("top_k", "alpha", "beta", "cap", "min_tokens", "max_tokens"),
-        ("s_rank_ptr", "agg_acc_ptr", "picked_ptr", "ticket_ptr"),
-        _OUTPUTS,
-    ),
-    "route_kernel": (
-        _CALL,
-        _ROUTING,
-        ("keep_ptr", "visits_ptr", "ticket_ptr", "metrics_ptr", "metrics_gate_ptr", "mass_ptr"),
-        ("static_ptr", "static_count", "min_tokens", "max_tokens"),
-    ),
-}
-
-
 def named_arguments(kernel: str, args: tuple) -> dict:
-    """A launch's positional arguments by name (:data:`ARGUMENT_NAMES`), its tuples flattened."""
+    """A launch's positional arguments by name: each bundle's fields (:data:`~.bundles.KERNEL_BUNDLES`)
+    and the plain arguments; a field name two bundles share keeps the later bundle's value."""
     named = {}
-    for names, value in zip(ARGUMENT_NAMES[kernel], args, strict=True):
-        if isinstance(names, tuple):
-            named.update(zip(names, value, strict=True))
+    for (name, bundle), value in zip(KERNEL_BUNDLES[kernel], args, strict=True):
+        if bundle is None:
+            named[name] = value
         else:
-            named[names] = value
+            named.update(value._asdict())
     return named
 
 
 def kernel_arguments(call: RoutingCall, cfg: PrunerConfig, plan: CallPlan, ws: SelectionWorkspace, out: Outputs):
-    """``{kernel name: positional arguments}`` of the plan's launches, grouped as
-    :data:`ARGUMENT_NAMES` says: the call's tensors and scalars, the workspace's buffers, and
+    """``{kernel name: positional arguments}`` of the plan's launches (only those), in the bundles of
+    :data:`~.bundles.KERNEL_BUNDLES`: the call's tensors and scalars, the workspace's buffers, and
     placeholders where a constexpr says a kernel never reads one."""
     logits, router, rule, split = call.logits, call.router, plan.rule, plan.split
     num_tokens, num_experts = logits.shape
     num_valid = call.num_valid_tokens
     on_device = isinstance(num_valid, torch.Tensor)
-    nv_ptr = num_valid if on_device else ws.tickets
-    nv_arg = num_tokens if (num_valid is None or on_device) else int(num_valid)
-    weights_in = call.token_weights.contiguous() if call.token_weights is not None else ws.prim
-    rows = (logits, logits.stride(0), logits.stride(1), num_tokens, num_experts, nv_ptr, nv_arg, weights_in)
+    rows = CallArgs(
+        logits_ptr=logits,
+        stride_t=logits.stride(0),
+        stride_e=logits.stride(1),
+        num_tokens=num_tokens,
+        num_experts=num_experts,
+        n_valid_ptr=num_valid if on_device else ws.tickets,
+        n_valid_arg=num_tokens if (num_valid is None or on_device) else int(num_valid),
+        weights_ptr=call.token_weights.contiguous() if call.token_weights is not None else ws.prim,
+    )
     route = out.ids is not None
     ids, weights = (out.ids, out.weights) if route else (ws.placeholder_i32, ws.prim)
     num_groups = router.num_expert_group
-    scale = float32_value(router.routed_scaling_factor) if router.routed_scaling_factor is not None else 1.0
-    routing = (
-        call.correction_bias if call.correction_bias is not None else ws.prim,
-        ids,
-        ids.stride(0) if route else 0,
-        weights,
-        weights.stride(0) if route else 0,
-        router.top_k,
-        router.topk_group,
-        num_experts // num_groups,
-        num_groups,
-        scale,
+    routing = RoutingArgs(
+        bias_ptr=call.correction_bias if call.correction_bias is not None else ws.prim,
+        ids_ptr=ids,
+        ids_stride=ids.stride(0) if route else 0,
+        out_w_ptr=weights,
+        out_w_stride=weights.stride(0) if route else 0,
+        top_k=router.top_k,
+        topk_group=router.topk_group,
+        group_size=num_experts // num_groups,
+        num_groups=num_groups,
+        scale=float32_value(router.routed_scaling_factor) if router.routed_scaling_factor is not None else 1.0,
     )
     metrics = out.metrics_row if out.metrics_row is not None else ws.mass
     gate = out.metrics_gate if out.metrics_gate is not None else ws.placeholder_i32
     stats = out.stats_out if out.stats_out is not None else ws.mass
-    outputs = (out.keep, metrics, gate, stats)
-    static = static_positions(cfg, call.layer_id, call.device) if rule.static else ws.placeholder_i32
-    redundancy = layer_redundancy(cfg, call.layer_id, call.device) if rule.coactivation else ws.placeholder_i32
+    outputs = OutputArgs(keep_ptr=out.keep, metrics_ptr=metrics, metrics_gate_ptr=gate, stats_ptr=stats)
     cap = cfg.max_experts if rule.has_cap else 0
     min_tokens = cfg.min_tokens if cfg.min_tokens is not None else 0
     max_tokens = cfg.max_tokens if cfg.max_tokens is not None else MAX_TOKENS
     alpha = float32_value(cfg.alpha)
-    pairs = ws.cover_pairs.view(-1).view(torch.int32)
-    policy = (rule.k0, router.top_k, rule.request_budget, rule.count, tau_fixed_point(cfg.tau), cfg.rank_budget)
-    return {
-        "fill_kernel": (pairs, pairs.numel()),
-        "select_kernel": (
-            rows,
-            (split.rows_per_program, split.rows_per_request),
-            (*policy, cap, min_tokens, max_tokens, alpha, cfg.beta),
-            (static, redundancy, call.expert_to_rank if call.expert_to_rank is not None else ws.flag),
-            (ws.row_scores, ws.cover_rows, ws.cover_counts, MAX_COVERAGE_TOKENS, ws.cover_aggregate, ws.cover_pairs),
-            (ws.aggregate, ws.warm_marks, ws.base_marks, ws.lynx_counts),
-            (ws.lynx_digits, ws.lynx_rank),
-            ws.tickets,
-            outputs,
-            routing,
-        ),
-        "lynx_pick_kernel": (
-            rows,
-            (router.top_k, alpha, cfg.beta, cap, min_tokens, max_tokens),
-            (ws.lynx_rank, ws.aggregate, ws.picked, ws.tickets[2:]),
-            outputs,
-        ),
-        # (the routing's kept and total mass in the aggregate's first two words: no selection of a
-        # rule that leaves the mass to the routing touches the aggregate)
-        "route_kernel": (
-            rows,
-            routing,
-            (out.keep, ws.visits, ws.tickets[1:], metrics, gate, ws.aggregate),
-            (static if plan.static_alone else ws.placeholder_i32, rule.count, min_tokens, max_tokens),
-        ),
-    }
+    arguments = {}
+    for kernel in plan.kernels:
+        if kernel == "fill_kernel":
+            pairs = ws.cover_pairs.view(-1).view(torch.int32)
+            arguments[kernel] = (pairs, pairs.numel())
+        elif kernel == "select_kernel":
+            static = static_positions(cfg, call.layer_id, call.device) if rule.static else ws.placeholder_i32
+            redundancy = layer_redundancy(cfg, call.layer_id, call.device) if rule.coactivation else ws.placeholder_i32
+            arguments[kernel] = (
+                rows,
+                SplitArgs(split.rows_per_program, split.rows_per_request),
+                PolicyArgs(
+                    k0=rule.k0,
+                    top_k=router.top_k,
+                    request_budget=rule.request_budget,
+                    count=rule.count,
+                    tau_q=tau_fixed_point(cfg.tau),
+                    rank_budget=cfg.rank_budget,
+                    cap=cap,
+                    min_tokens=min_tokens,
+                    max_tokens=max_tokens,
+                    alpha=alpha,
+                    beta=cfg.beta,
+                ),
+                TableArgs(
+                    static_ptr=static,
+                    redundancy_ptr=redundancy,
+                    group_ptr=call.expert_to_rank if call.expert_to_rank is not None else ws.flag,
+                ),
+                CoverageArgs(
+                    row_scores_ptr=ws.row_scores,
+                    cover_rows_ptr=ws.cover_rows,
+                    cover_count_ptr=ws.cover_counts,
+                    cover_capacity=MAX_COVERAGE_TOKENS,
+                    cover_agg_ptr=ws.cover_aggregate,
+                    cover_pairs_ptr=ws.cover_pairs,
+                ),
+                ShareArgs(ws.aggregate, ws.warm_marks, ws.base_marks, ws.lynx_counts),
+                LynxArgs(digits_ptr=ws.lynx_digits, s_rank_ptr=ws.lynx_rank),
+                ws.tickets,
+                outputs,
+                routing,
+            )
+        elif kernel == "lynx_pick_kernel":
+            arguments[kernel] = (
+                rows,
+                LynxPolicyArgs(router.top_k, alpha, cfg.beta, cap, min_tokens, max_tokens),
+                LynxPickArgs(ws.lynx_rank, ws.aggregate, ws.picked, ws.tickets[2:]),
+                outputs,
+            )
+        else:
+            # (the routing's kept and total mass in the aggregate's first two words: no selection of a
+            # rule that leaves the mass to the routing touches the aggregate)
+            static = static_positions(cfg, call.layer_id, call.device) if plan.static_alone else ws.placeholder_i32
+            arguments[kernel] = (
+                rows,
+                routing,
+                RouteStateArgs(out.keep, ws.visits, ws.tickets[1:], metrics, gate, ws.aggregate),
+                StaticArgs(static, rule.count, min_tokens, max_tokens),
+            )
+    return arguments
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """One launch as the wrapper makes it: the jit function's name, grid, positional arguments and
+    keywords (constexprs, the set rule's jit function in ``RULE``, and launch options)."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
+
+    @property
+    def fn(self):
+        """The jit function (imports triton)."""
+        return getattr(kernel_module(), self.kernel)
+
+
+def _launches(call: RoutingCall, cfg: PrunerConfig, plan: CallPlan, ws: SelectionWorkspace, out: Outputs):
+    jit = kernel_module()
+    arguments = kernel_arguments(call, cfg, plan, ws, out)
+    launches = []
+    for launch in plan.launches:
+        constexprs = dict(launch.constexprs)
+        if "RULE" in constexprs:
+            constexprs["RULE"] = jit.RULES[constexprs["RULE"]]
+        launches.append(
+            PlannedLaunch(launch.kernel, launch.grid, arguments[launch.kernel], constexprs | launch.options)
+        )
+    return launches
 
 
 def _capturing(device: torch.device) -> bool:
@@ -275,32 +321,43 @@ def _launch(
     pdl: bool = False,
     workspace: SelectionWorkspace | None,
     limits: PlanLimits = PRODUCTION_LIMITS,
-) -> None:
+    routing_sums_mass: bool = True,
+    run: bool = True,
+) -> list[PlannedLaunch]:
     """Launch the call's kernels on ``workspace`` (the shared one of the device, E and stream when
     None).  The kernels leave the workspace's counters at 0 when they complete; a call that fails
     part-way (a compile or launch error after an earlier kernel of the call was queued) resets them,
     so that the next call finds them at 0 as well.  Not while a CUDA graph is being captured, where
-    nothing ran."""
+    nothing ran.  Returns the launches; with ``run=False`` only plans them (:func:`planned_launches`)."""
     num_experts = call.logits.shape[1]
     ws = workspace if workspace is not None else default_workspace(num_experts, call.logits.device)
     if ws.num_experts != num_experts or ws.device != canonical_device(call.logits.device):
         raise ValueError(
             f"workspace is for E={ws.num_experts} on {ws.device}, the call has E={num_experts} on {call.logits.device}"
         )
-    spec = call_spec(call, route=route, fill_dropped=fill_dropped, outputs=out, pdl=pdl, limits=limits)
+    spec = call_spec(
+        call,
+        route=route,
+        fill_dropped=fill_dropped,
+        outputs=out,
+        pdl=pdl,
+        limits=limits,
+        routing_sums_mass=routing_sums_mass,
+    )
     plan = plan_call(cfg, spec)
+    launches = _launches(call, cfg, plan, ws, out)
+    if not run:
+        return launches
     try:
-        jit = kernel_module()
-        arguments = kernel_arguments(call, cfg, plan, ws, out)
         if plan.zero_pairs:
             ws.cover_pairs.zero_()
-        for launch in plan.launches:
-            kernel = getattr(jit, launch.kernel)
-            kernel[launch.grid](*arguments[launch.kernel], **launch.constexprs, **launch.options)
+        for launch in launches:
+            launch.fn[launch.grid](*launch.args, **launch.kwargs)
     except BaseException:
         if not _capturing(ws.device):
             ws.reset()
         raise
+    return launches
 
 
 def prune_route(
@@ -316,6 +373,7 @@ def prune_route(
     workspace: SelectionWorkspace | None = None,
     enable_pdl: bool = False,
     limits: PlanLimits = PRODUCTION_LIMITS,
+    routing_sums_mass: bool = True,
 ) -> PrunedRouting:
     """Keep mask and routing of one MoE layer call, on the device, in one to three launches.
 
@@ -337,6 +395,9 @@ def prune_route(
         :data:`~.plan.limits.PRODUCTION_LIMITS`, what every served call uses).  Lower ones make a call
         of a few dozen rows launch what a served call launches only at thousands (several programs of
         several tiles each): for tests under Triton's interpreter.  The results are the same.
+    routing_sums_mass : bool, optional
+        The open A/B switch of :attr:`~.plan.CallSpec.routing_sums_mass` (default on, what every served
+        call uses).  The results are the same.
 
     Returns
     -------
@@ -360,9 +421,26 @@ def prune_route(
             metrics_gate=metrics_gate,
         )
     call.check_config(cfg)
+    out = _route_outputs(call, keep_out, ids_out, weights_out, metrics_row, metrics_gate)
+    _launch(
+        call,
+        cfg,
+        out,
+        route=True,
+        fill_dropped=fill_dropped,
+        pdl=enable_pdl and not _interpreting(),  # the interpreter runs no PTX
+        workspace=workspace,
+        limits=limits,
+        routing_sums_mass=routing_sums_mass,
+    )
+    return PrunedRouting(out.ids, out.weights, out.keep)
+
+
+def _route_outputs(call, keep_out, ids_out, weights_out, metrics_row, metrics_gate) -> Outputs:
+    """:func:`prune_route`'s outputs: the given buffers, new ones where None."""
     num_tokens, num_experts = call.logits.shape
     device = call.device
-    out = Outputs(
+    return Outputs(
         keep=keep_out if keep_out is not None else torch.empty(num_experts, dtype=torch.bool, device=device),
         ids=ids_out if ids_out is not None else torch.empty(num_tokens, call.top_k, dtype=torch.int32, device=device),
         weights=weights_out
@@ -371,11 +449,46 @@ def prune_route(
         metrics_row=metrics_row,
         metrics_gate=metrics_gate,
     )
-    # not under the interpreter, which runs no PTX (read from the environment itself: the
-    # compile-only capture of bench.kernel_manifest stands in for _interpreting())
-    pdl = enable_pdl and os.environ.get("TRITON_INTERPRET") != "1"
-    _launch(call, cfg, out, route=True, fill_dropped=fill_dropped, pdl=pdl, workspace=workspace, limits=limits)
-    return PrunedRouting(out.ids, out.weights, out.keep)
+
+
+def planned_launches(
+    call: RoutingCall,
+    cfg: PrunerConfig,
+    *,
+    entry: str = "prune_route",
+    fill_dropped: bool = False,
+    metrics_row: torch.Tensor | None = None,
+    metrics_gate: torch.Tensor | None = None,
+    stats_out: torch.Tensor | None = None,
+    workspace: SelectionWorkspace | None = None,
+    enable_pdl: bool = False,
+    limits: PlanLimits = PRODUCTION_LIMITS,
+    routing_sums_mass: bool = True,
+) -> list[PlannedLaunch]:
+    """The launches one :func:`prune_route` (``entry="prune_route"``) or :func:`select_keep_mask`
+    (``entry="select"``) call of these arguments makes, with every argument built, none run: for tools
+    that compile or inspect them (the golden manifest, the PTX and SASS checks), on any device,
+    CPU tensors included.  Dependent launch is planned as asked (``enable_pdl``), whatever runs here.
+
+    Raises ``ValueError`` for a call the kernels do not serve (:func:`unsupported_reason` but for its
+    device), which the entry points would send to the torch reference.
+    """
+    if entry not in ("prune_route", "select"):
+        raise ValueError(f"entry={entry!r}: must be 'prune_route' or 'select'")
+    reason = unsupported_reason(call, cfg, check_device=False)
+    if reason is not None:
+        raise ValueError(f"the kernels do not serve this call: {reason}")
+    check_outputs(call, None, None, None, metrics_row, metrics_gate)
+    call.check_config(cfg)
+    common = dict(workspace=workspace, limits=limits, routing_sums_mass=routing_sums_mass, run=False)
+    if entry == "prune_route":
+        out = _route_outputs(call, None, None, None, metrics_row, metrics_gate)
+        return _launch(call, cfg, out, route=True, fill_dropped=fill_dropped, pdl=enable_pdl, **common)
+    if cfg.policy == "none" and stats_out is None and metrics_row is None:
+        return []  # select_keep_mask fills the mask without a launch
+    keep = torch.empty(call.num_experts, dtype=torch.bool, device=call.device)
+    out = Outputs(keep=keep, metrics_row=metrics_row, metrics_gate=metrics_gate, stats_out=stats_out)
+    return _launch(call, cfg, out, route=False, **common)
 
 
 def check_pdl(device: torch.device) -> None:
@@ -414,6 +527,7 @@ def select_keep_mask(
     metrics_gate: torch.Tensor | None = None,
     workspace: SelectionWorkspace | None = None,
     limits: PlanLimits = PRODUCTION_LIMITS,
+    routing_sums_mass: bool = True,
 ) -> torch.Tensor:
     """Keep mask of one MoE layer call, computed on the device in one launch.
 
@@ -439,6 +553,8 @@ def select_keep_mask(
     workspace : SelectionWorkspace, optional
     limits : PlanLimits, optional
         The plan's limits that depend on T, as :func:`prune_route`'s.
+    routing_sums_mass : bool, optional
+        The open A/B switch, as :func:`prune_route`'s.
 
     Returns
     -------
@@ -466,5 +582,5 @@ def select_keep_mask(
     call.check_config(cfg)
     keep = out if out is not None else torch.empty(num_experts, dtype=torch.bool, device=call.device)
     outputs = Outputs(keep=keep, metrics_row=metrics_row, metrics_gate=metrics_gate, stats_out=stats_out)
-    _launch(call, cfg, outputs, route=False, workspace=workspace, limits=limits)
+    _launch(call, cfg, outputs, route=False, workspace=workspace, limits=limits, routing_sums_mass=routing_sums_mass)
     return keep

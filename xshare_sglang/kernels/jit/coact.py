@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 
 from .keys import warp_halves, warp_key_max
-from .rules import take_by_order
 
 REDUNDANCY_ONE = tl.constexpr(1 << 16)  # 1.0 on the redundancy grid (config.REDUNDANCY_BITS)
 
@@ -67,57 +66,3 @@ def coact_picks(agg, count, redundancy_ptr, num_experts, BLOCK_E: tl.constexpr, 
     chosen_b = tl.where((free_b != 0) & (place_b <= rest), 1, chosen_b)
     # the copies are equal: one of them, the halves joined
     return tl.reshape(tl.permute(tl.join(tl.max(chosen_a, axis=0), tl.max(chosen_b, axis=0)), (1, 0)), [BLOCK_E])
-
-
-@triton.jit
-def coact_rule(
-    agg,
-    count,
-    redundancy_ptr,
-    num_experts,
-    n_valid,
-    e,
-    e_ok,
-    COACT_KEYS: tl.constexpr,
-    WARP_PICKS: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    WARPS: tl.constexpr,
-):
-    """The co-activation ranking's keep mask [E] (the module docstring): picks in every warp
-    (``WARP_PICKS``), block-wide maxima of one int64 key (``COACT_KEYS``, up to 4095 tokens), or a
-    (value, index) argmax per pick."""
-    # greedy: each step keeps the largest agg * (1 - redundancy with the kept set), first id on ties
-    # while some candidate gains: gains never grow, and once every one is zero the reference
-    # takes the rest in index order (at most T x top_k experts have an aggregate)
-    chosen = tl.zeros([BLOCK_E], tl.int32)
-    discount = tl.zeros([BLOCK_E], tl.int64)
-    taken = tl.zeros([], tl.int32)
-    if COACT_KEYS and WARP_PICKS:
-        chosen = coact_picks(agg, count, redundancy_ptr, num_experts, BLOCK_E, WARPS)
-    elif COACT_KEYS:
-        # block-wide picks (the A/B of WARP_PICKS): up to 4095 tokens gain << 10 | (1023 - e)
-        # is one int64 key below 2**62 whose maximum is the largest gain at its first index
-        best = tl.max(tl.where(e_ok, ((agg * REDUNDANCY_ONE) << 10) | (1023 - e), -1), axis=0)
-        while (taken < count) & ((best >> 10) > 0):
-            first = 1023 - (best & 1023)
-            chosen = tl.where(e == first, 1, chosen)
-            taken += 1
-            row = tl.load(redundancy_ptr + first * num_experts + e, mask=e_ok, other=0)
-            discount = tl.maximum(discount, row.to(tl.int64))
-            gain = agg * (REDUNDANCY_ONE - discount)
-            best = tl.max(tl.where(e_ok & (chosen == 0), (gain << 10) | (1023 - e), -1), axis=0)
-        chosen = take_by_order(tl.zeros([BLOCK_E], tl.int64), chosen, e, e_ok, count - taken)
-    else:
-        # the largest gain and its first index, one reduction
-        gain = tl.where(e_ok, agg * REDUNDANCY_ONE, -1)
-        top, first = tl.max(gain, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        while (taken < count) & (top > 0):
-            chosen = tl.where(e == first, 1, chosen)
-            taken += 1
-            row = tl.load(redundancy_ptr + first * num_experts + e, mask=e_ok, other=0)
-            discount = tl.maximum(discount, row.to(tl.int64))
-            gain = tl.where(e_ok & (chosen == 0), agg * (REDUNDANCY_ONE - discount), -1)
-            top, first = tl.max(gain, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        chosen = take_by_order(tl.zeros([BLOCK_E], tl.int64), chosen, e, e_ok, count - taken)
-    keep = e_ok & (chosen != 0) & (n_valid > 0)
-    return keep

@@ -16,31 +16,7 @@ from .rows import load_bias, sanitize_logits
 
 
 @triton.jit
-def route_row_by_group_warps(
-    logits_ptr,
-    stride_t,
-    stride_e,
-    rows,
-    rows_in_block,
-    n_valid,
-    weights_ptr,
-    bias_ptr,
-    keep,
-    ids_ptr,
-    ids_stride,
-    out_w_ptr,
-    out_w_stride,
-    top_k,
-    topk_group,
-    scale,
-    HAS_WEIGHTS: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-):
+def route_row_by_group_warps(call, routing, rows, rows_in_block, n_valid, keep, ROUTER: tl.constexpr):
     """:func:`route_block` of one row in biased grouped routing (DeepSeek-V3: 8 groups of 32), with
     each of the program's ``BLOCK_G`` warps holding one group (``GROUP_SIZE`` = 32, a lane per expert).
 
@@ -53,17 +29,24 @@ def route_row_by_group_warps(
     Exact as :func:`route_block`: the same keys and group ranking; keys are distinct within a row
     (the inverted index is their low bits), so the candidates' counts of keys above them are their
     places in the order of picks.  Returns the experts routed to, [BLOCK_E] int32."""
+    top_k = routing.top_k
+    BLOCK_E: tl.constexpr = ROUTER.BLOCK_E
+    BLOCK_G: tl.constexpr = ROUTER.BLOCK_G
+    BLOCK_K: tl.constexpr = ROUTER.BLOCK_K
+    GROUP_SIZE: tl.constexpr = ROUTER.GROUP_SIZE
     g = tl.arange(0, BLOCK_G)
     e2 = g[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]  # [G, S]: a group per warp
     row = tl.max(rows, axis=0)
     row_ok = (tl.max(rows_in_block.to(tl.int32), axis=0) != 0) & (row < n_valid)
-    if HAS_WEIGHTS:
-        w = tl.load(weights_ptr + row, mask=row_ok, other=0.0).to(tl.float32)
+    if ROUTER.HAS_WEIGHTS:
+        w = tl.load(call.weights_ptr + row, mask=row_ok, other=0.0).to(tl.float32)
         row_ok = row_ok & (w == w) & (w > 0)  # as load_rows: a row of vote weight 0 is not routed
-    x = tl.load(logits_ptr + row.to(tl.int64) * stride_t + e2 * stride_e, mask=row_ok, other=float("-inf"))
+    x = tl.load(
+        call.logits_ptr + row.to(tl.int64) * call.stride_t + e2 * call.stride_e, mask=row_ok, other=float("-inf")
+    )
     x = sanitize_logits(x)
     candidates = (x > float("-inf")) & (tl.reshape(keep, [BLOCK_G, GROUP_SIZE]) != 0)
-    bias = load_bias(bias_ptr, e2, e2 >= 0)
+    bias = load_bias(routing.bias_ptr, e2, e2 >= 0)
     score_bits = sigmoid32(x).to(tl.int32, bitcast=True)  # a sigmoid's bits order as its value
     key = pack_key(score_bits.to(tl.float32, bitcast=True) + bias, e2, candidates, 0)
     # the int64 keys as (value bits, inverted index) halves: each maximum is two int32 warp maxima
@@ -72,7 +55,7 @@ def route_row_by_group_warps(
     # rank the groups (group_order_key): each group's two best values and its candidates, in its warp
     group_key = biased_groups_key(high, tl.sum(candidates.to(tl.int32), axis=1), g, 1)
     above = tl.sum((group_key[None, :] > group_key[:, None]).to(tl.int32), axis=1)
-    chosen = (above < topk_group)[:, None]
+    chosen = (above < routing.topk_group)[:, None]
     high = tl.where(chosen, high, MIN_KEY32)
     # each group's top-k in its warp: the key and the sigmoid's bits of every pick
     slot = tl.arange(0, BLOCK_K)
@@ -114,15 +97,15 @@ def route_row_by_group_warps(
     got = (pick_key > MIN_KEY) & slot_ok
     ids = tl.where(got, key_expert(pick_key), -1)
     wts = tl.where(got, pick_bits.to(tl.float32, bitcast=True), 0.0)
-    if RENORMALIZE:
+    if ROUTER.RENORMALIZE:
         denominator = tl.sum(wts, axis=1)[:, None]
         wts = tl.where(denominator > 0, wts / tl.where(denominator > 0, denominator, 1.0), 0.0)
-    if HAS_SCALE:
-        wts = wts * scale
+    if ROUTER.HAS_SCALE:
+        wts = wts * routing.scale
     wts = tl.where(got, wts, 0.0)
     out_ok = (tl.max(rows_in_block.to(tl.int32), axis=0) != 0) & slot_ok
-    tl.store(ids_ptr + row.to(tl.int64) * ids_stride + slot, ids, mask=out_ok)
-    tl.store(out_w_ptr + row.to(tl.int64) * out_w_stride + slot, wts, mask=out_ok)
+    tl.store(routing.ids_ptr + row.to(tl.int64) * routing.ids_stride + slot, ids, mask=out_ok)
+    tl.store(routing.out_w_ptr + row.to(tl.int64) * routing.out_w_stride + slot, wts, mask=out_ok)
     # the picks are the candidates at or above the last one (every candidate when fewer than top_k)
     last = tl.min(tl.where(slot_ok, pick_key, 2**62), axis=1)[:, None]
     routed = (key > MIN_KEY) & chosen & (key >= last)

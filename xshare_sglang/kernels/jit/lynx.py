@@ -146,44 +146,58 @@ def lynx_picks(
 
 
 @triton.jit
-def lynx_order(lynx, call, policy, counts, n_valid, e, e_ok, SHAPE: tl.constexpr):
+def lynx_order(
+    lynx,
+    call,
+    policy,
+    counts,
+    n_valid,
+    e,
+    e_ok,
+    SINGLE: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    KEY_SHIFT: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_BINS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    CHUNK_T: tl.constexpr,
+):
     """In the selection's last program: the experts' ranks by LYNX's batch order ``s`` from the call's
     bin counts [E, BINS]; in one program also every row's picks, whose union it returns [E] int32;
     above, it stores the ranks for ``lynx_pick_kernel``, which takes the picks and finishes the mask
-    (returns zeros).  ``SHAPE`` = (SINGLE, HAS_WEIGHTS, KEY_SHIFT, BLOCK_E, BLOCK_BINS, CHUNK, CHUNK_T)."""
-    SINGLE: tl.constexpr = SHAPE[0]
-    HAS_WEIGHTS: tl.constexpr = SHAPE[1]
-    KEY_SHIFT: tl.constexpr = SHAPE[2]
-    BLOCK_E: tl.constexpr = SHAPE[3]
-    BLOCK_BINS: tl.constexpr = SHAPE[4]
-    CHUNK: tl.constexpr = SHAPE[5]
-    CHUNK_T: tl.constexpr = SHAPE[6]
-    digits_ptr, s_rank_ptr = lynx
-    logits_ptr, stride_t, stride_e, num_tokens, num_experts, _, _, weights_ptr = call
-    _, top_k, _, _, _, _, _, _, _, alpha, beta = policy
+    (returns zeros)."""
     s_rank = lynx_s_ranks(
-        counts.to(tl.int64), tl.maximum(n_valid, 1), digits_ptr, num_experts, beta, e, e_ok, BLOCK_E, BLOCK_BINS, CHUNK
+        counts.to(tl.int64),
+        tl.maximum(n_valid, 1),
+        lynx.digits_ptr,
+        call.num_experts,
+        policy.beta,
+        e,
+        e_ok,
+        BLOCK_E,
+        BLOCK_BINS,
+        CHUNK,
     )
     if SINGLE:
         return lynx_picks(
-            logits_ptr,
-            stride_t,
-            stride_e,
+            call.logits_ptr,
+            call.stride_t,
+            call.stride_e,
             0,
-            num_tokens,
+            call.num_tokens,
             n_valid,
-            weights_ptr,
+            call.weights_ptr,
             s_rank,
             e,
             e_ok,
-            top_k,
-            alpha,
-            beta,
+            policy.top_k,
+            policy.alpha,
+            policy.beta,
             HAS_WEIGHTS,
             KEY_SHIFT,
             BLOCK_E,
             CHUNK_T,
         )
     else:
-        tl.store(s_rank_ptr + e, s_rank, mask=e_ok)
+        tl.store(lynx.s_rank_ptr + e, s_rank, mask=e_ok)
         return tl.zeros([BLOCK_E], tl.int32)

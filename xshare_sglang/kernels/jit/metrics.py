@@ -86,31 +86,45 @@ def count_activated(visits_ptr, metrics_ptr, used, e, e_ok, BLOCK_E: tl.constexp
 
 
 @triton.jit
-def add_route_mass(call, state, rows, n_valid, keep, e, e_ok, top_k, collect, SCORES: tl.constexpr):
+def add_route_mass(
+    call,
+    state,
+    rows,
+    n_valid,
+    keep,
+    e,
+    e_ok,
+    top_k,
+    collect,
+    HAS_WEIGHTS: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    MASS: tl.constexpr,
+):
     """The retained mass of a rule that needs no scores, from the routing programs: each adds its
     tile's kept and total score mass (:func:`route_mass`), takes a ticket, and the last divides and
     adds the share to the metrics, then clears the sums.  Only in calls that add metrics (the same gate
-    in every program: all of them take a ticket, or none).  ``SCORES`` = (HAS_WEIGHTS, SCORE_TOPK,
-    SIGMOID, KEY_SHIFT)."""
-    logits_ptr, stride_t, stride_e, num_tokens, _, _, _, weights_ptr = call
-    _, _, ticket_ptr, metrics_ptr, _, mass_ptr = state
+    in every program: all of them take a ticket, or none).  ``MASS``: a
+    :class:`~xshare_sglang.kernels.bundles.RouteMass`."""
+    ticket_ptr = state.ticket_ptr
+    metrics_ptr = state.metrics_ptr
+    mass_ptr = state.mass_ptr
     if collect:
         kept_mass, total_mass = route_mass(
-            logits_ptr,
-            stride_t,
-            stride_e,
+            call.logits_ptr,
+            call.stride_t,
+            call.stride_e,
             rows,
-            rows < num_tokens,
+            rows < call.num_tokens,
             n_valid,
-            weights_ptr,
+            call.weights_ptr,
             keep,
             e,
             e_ok,
             top_k,
-            SCORES[0],
-            SCORES[1],
-            SCORES[2],
-            SCORES[3],
+            HAS_WEIGHTS,
+            MASS.SCORE_TOPK,
+            SIGMOID,
+            MASS.KEY_SHIFT,
         )
         tl.atomic_add(mass_ptr, kept_mass, sem="relaxed")
         tl.atomic_add(mass_ptr + 1, total_mass, sem="relaxed")

@@ -168,43 +168,7 @@ def fill_dropped_slots(ids, picked, keep, e, e_ok, slot, slot_ok):
 
 
 @triton.jit
-def route_block(
-    logits_ptr,
-    stride_t,
-    stride_e,
-    rows,
-    rows_in_block,
-    n_valid,
-    weights_ptr,
-    bias_ptr,
-    keep,
-    e,
-    e_ok,
-    ids_ptr,
-    ids_stride,
-    out_w_ptr,
-    out_w_stride,
-    top_k,
-    topk_group,
-    group_size,
-    num_groups,
-    scale,
-    HAS_WEIGHTS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-    TRUNCATION: tl.constexpr,
-    GROUPED: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    FILL: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    KEY_SHIFT: tl.constexpr,
-    ROW_WARPS: tl.constexpr,
-    GROUP_WARPS: tl.constexpr,
-):
+def route_block(call, routing, rows, rows_in_block, n_valid, keep, e, e_ok, ROUTER: tl.constexpr):
     """Route a block of rows inside ``keep`` and store ids/weights; returns the experts routed to.
 
     ``ROW_WARPS``: one warp holds each row of the block (as many warps as rows), where a maximum of
@@ -212,35 +176,22 @@ def route_block(
     (the value half, then the index half among its ties) rather than one int64 shuffle tree.
     ``GROUP_WARPS``: one row of biased grouped routing, a warp per group
     (:func:`route_row_by_group_warps`)."""
-    if GROUP_WARPS:
-        return route_row_by_group_warps(
-            logits_ptr,
-            stride_t,
-            stride_e,
-            rows,
-            rows_in_block,
-            n_valid,
-            weights_ptr,
-            bias_ptr,
-            keep,
-            ids_ptr,
-            ids_stride,
-            out_w_ptr,
-            out_w_stride,
-            top_k,
-            topk_group,
-            scale,
-            HAS_WEIGHTS,
-            RENORMALIZE,
-            HAS_SCALE,
-            BLOCK_E,
-            BLOCK_K,
-            BLOCK_G,
-            GROUP_SIZE,
-        )
-    x, _, _ = load_rows(logits_ptr, stride_t, stride_e, rows, rows_in_block, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS)
+    logits_ptr = call.logits_ptr
+    stride_t = call.stride_t
+    stride_e = call.stride_e
+    bias_ptr = routing.bias_ptr
+    top_k = routing.top_k
+    HAS_BIAS: tl.constexpr = ROUTER.HAS_BIAS
+    KEY_SHIFT: tl.constexpr = ROUTER.KEY_SHIFT
+    ROW_WARPS: tl.constexpr = ROUTER.ROW_WARPS
+    BLOCK_K: tl.constexpr = ROUTER.BLOCK_K
+    if ROUTER.GROUP_WARPS:
+        return route_row_by_group_warps(call, routing, rows, rows_in_block, n_valid, keep, ROUTER)
+    x, _, _ = load_rows(
+        logits_ptr, stride_t, stride_e, rows, rows_in_block, n_valid, e, e_ok, call.weights_ptr, ROUTER.HAS_WEIGHTS
+    )
     finite = (x > float("-inf")) & e_ok[None, :]
-    if TRUNCATION:
+    if ROUTER.TRUNCATION:
         candidates = finite
     else:
         candidates = finite & keep[None, :]
@@ -256,9 +207,19 @@ def route_block(
         value = x
     key = pack_key(value, e[None, :], candidates, KEY_SHIFT)
     lowest = lowest_key(KEY_SHIFT)
-    if GROUPED:
+    if ROUTER.GROUPED:
         key = keep_chosen_groups(
-            key, candidates, e, group_size, num_groups, topk_group, HAS_BIAS, KEY_SHIFT, BLOCK_E, BLOCK_G, GROUP_SIZE
+            key,
+            candidates,
+            e,
+            routing.group_size,
+            routing.num_groups,
+            routing.topk_group,
+            HAS_BIAS,
+            KEY_SHIFT,
+            ROUTER.BLOCK_E,
+            ROUTER.BLOCK_G,
+            ROUTER.GROUP_SIZE,
         )
     # the top_k rounds take only the row maxima: one reduction per pick.  Each pick's expert, weight
     # and kept flag are read off after the rounds with one gather per row (not one sum per pick)
@@ -289,7 +250,7 @@ def route_block(
     # keys are distinct within a row, so the picks are the candidates at or above the last pick's key
     # (every candidate when the row had fewer than top_k)
     picked = ((key > lowest) & (key >= best[:, None])).to(tl.int32)
-    if TRUNCATION:
+    if ROUTER.TRUNCATION:
         kept_pick = got & (tl.gather(tl.broadcast_to(keep[None, :], x.shape).to(tl.int32), pick_e, 1) != 0)
         picked = tl.where(keep[None, :], picked, 0)
     else:
@@ -308,74 +269,27 @@ def route_block(
         rows,
         rows_in_block,
         HAS_BIAS,
-        SIGMOID,
-        RENORMALIZE,
+        ROUTER.SIGMOID,
+        ROUTER.RENORMALIZE,
         KEY_SHIFT,
         ROW_WARPS,
     )
     wts = tl.where(got, wts, 0.0)
-    if RENORMALIZE:
+    if ROUTER.RENORMALIZE:
         denominator = tl.sum(wts, axis=1)
     # routing weights: a plain (approximate) division, within the stated tolerance of the reference
     wts = tl.where(denominator[:, None] > 0, wts / tl.where(denominator > 0, denominator, 1.0)[:, None], 0.0)
-    if HAS_SCALE:
-        wts = wts * scale
+    if ROUTER.HAS_SCALE:
+        wts = wts * routing.scale
     wts = tl.where(ids >= 0, wts, 0.0)
     slot_ok = slot < top_k
-    if FILL:
+    if ROUTER.FILL:
         ids, picked = fill_dropped_slots(ids, picked, keep, e, e_ok, slot, slot_ok)
     out_ok = rows_in_block[:, None] & slot_ok[None, :]
     row64 = rows.to(tl.int64)[:, None]
-    tl.store(ids_ptr + row64 * ids_stride + slot[None, :], ids, mask=out_ok)
-    tl.store(out_w_ptr + row64 * out_w_stride + slot[None, :], wts, mask=out_ok)
+    tl.store(routing.ids_ptr + row64 * routing.ids_stride + slot[None, :], ids, mask=out_ok)
+    tl.store(routing.out_w_ptr + row64 * routing.out_w_stride + slot[None, :], wts, mask=out_ok)
     return tl.max(tl.where(rows_in_block[:, None], picked, 0), axis=0)
-
-
-@triton.jit
-def route_tile(call, routing, rows, rows_in_block, n_valid, keep, e, e_ok, FLAGS: tl.constexpr, SHAPE: tl.constexpr):
-    """:func:`route_block` of the rows ``rows`` with the kernel's bundles: ``call`` (logits, strides,
-    counts, vote weights) and ``routing`` (bias, outputs, top-k, groups, scale); ``FLAGS`` = (HAS_WEIGHTS,
-    HAS_BIAS, SIGMOID, RENORMALIZE, TRUNCATION, GROUPED, HAS_SCALE, FILL) and ``SHAPE`` = (BLOCK_E,
-    BLOCK_K, BLOCK_G, GROUP_SIZE, KEY_SHIFT, ROW_WARPS, GROUP_WARPS).  Returns the experts routed to."""
-    logits_ptr, stride_t, stride_e, _, _, _, _, weights_ptr = call
-    bias_ptr, ids_ptr, ids_stride, out_w_ptr, out_w_stride, top_k, topk_group, group_size, num_groups, scale = routing
-    return route_block(
-        logits_ptr,
-        stride_t,
-        stride_e,
-        rows,
-        rows_in_block,
-        n_valid,
-        weights_ptr,
-        bias_ptr,
-        keep,
-        e,
-        e_ok,
-        ids_ptr,
-        ids_stride,
-        out_w_ptr,
-        out_w_stride,
-        top_k,
-        topk_group,
-        group_size,
-        num_groups,
-        scale,
-        FLAGS[0],
-        FLAGS[1],
-        FLAGS[2],
-        FLAGS[3],
-        FLAGS[4],
-        FLAGS[5],
-        FLAGS[6],
-        FLAGS[7],
-        SHAPE[0],
-        SHAPE[1],
-        SHAPE[2],
-        SHAPE[3],
-        SHAPE[4],
-        SHAPE[5],
-        SHAPE[6],
-    )
 
 
 @triton.jit
@@ -390,17 +304,16 @@ def route_rows(
     collect,
     HAS_METRICS: tl.constexpr,
     ROUTE_T: tl.constexpr,
-    FLAGS: tl.constexpr,
-    SHAPE: tl.constexpr,
+    ROUTER: tl.constexpr,
 ):
     """Route every row of the call in tiles of ``ROUTE_T`` (a one-program call: the selection's own
-    program) and add the activated experts to the metrics (:func:`route_tile`'s ``FLAGS`` and ``SHAPE``)."""
-    BLOCK_E: tl.constexpr = SHAPE[0]
-    num_tokens = call[3]
+    program) and add the activated experts to the metrics."""
+    BLOCK_E: tl.constexpr = ROUTER.BLOCK_E
+    num_tokens = call.num_tokens
     used = tl.zeros([BLOCK_E], tl.int32)
     for c in range(0, num_tokens, ROUTE_T):
         rows = c + tl.arange(0, ROUTE_T)
-        block_used = route_tile(call, routing, rows, rows < num_tokens, n_valid, keep, e, e_ok, FLAGS, SHAPE)
+        block_used = route_block(call, routing, rows, rows < num_tokens, n_valid, keep, e, e_ok, ROUTER)
         used = tl.maximum(used, block_used)
     if HAS_METRICS:
         if collect:

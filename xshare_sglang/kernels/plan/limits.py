@@ -1,4 +1,8 @@
-"""The plan's limits that depend on a call's token count T, as one value: :class:`PlanLimits`.
+"""The kernels' limits: what a call may be to run on them, and those that depend on its token count T.
+
+A call outside the fixed limits (:data:`MAX_EXPERTS`, ...) goes to the torch reference
+(:func:`xshare_sglang.kernels.launch.unsupported_reason`).  The T-dependent ones are one value,
+:class:`PlanLimits`.
 
 Every served call plans with :data:`PRODUCTION_LIMITS`.  A test may pass lower limits to
 :func:`~xshare_sglang.kernels.prune_route` or :func:`~xshare_sglang.kernels.select_keep_mask`
@@ -11,6 +15,17 @@ change what is launched, never the answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+
+MAX_EXPERTS = 512
+MAX_TOP_K = 16
+MAX_GROUPS = 32
+MAX_TOKENS_PER_REQUEST = 64
+MAX_LYNX_BETA = 14
+MAX_TOKENS = 1 << 22  # aggregates stay below 2**56 (E * 2**24 per token at most)
+MAX_COVERAGE_TOKENS = 1024  # ranking=coverage keeps every row's scores in the workspace
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 MAX_PARTS = 128  # programs of the selection at most: one wave on an H100's or H200's 132 SMs
 #: Co-activation gains (an aggregate of at most T * 2**24 times a factor of at most 2**16) fit one packed

@@ -20,7 +20,8 @@ import torch
 
 from ...config import PrunerConfig
 from ...policies.call import RouterSpec
-from . import CallSpec, Launch, Mode, plan_call
+from ..bundles import flat_constexprs
+from . import CallSpec, Launch, plan_call
 
 MAX_T = 512
 BEGIN, END = "<!-- plan-table:begin -->", "<!-- plan-table:end -->"
@@ -35,20 +36,20 @@ MODELS = {
 #: Constexprs shown per kernel: the ones whose values tell this table's variants apart.
 SHOWN = {
     "select_kernel": (
-        "MODE",
-        "ORDER",
-        "NEED_SCORES",
-        "METRIC_SCORES",
-        "ROUTE_MASS",
-        "CHUNK_T",
-        "ROW_WARPS",
-        "GROUP_WARPS",
-        "WARP_PICKS",
-        "COVER_PAIRS",
-        "COVER_LISTS",
+        "RULE",
+        "RULE_CONFIG.ORDER",
+        "SCORES.NEED_SCORES",
+        "SCORES.METRIC_SCORES",
+        "FINISH.ROUTE_MASS",
+        "READ.CHUNK_T",
+        "ROUTER.ROW_WARPS",
+        "ROUTER.GROUP_WARPS",
+        "RULE_CONFIG.WARP_PICKS",
+        "RULE_CONFIG.PAIRS",
+        "RULE_CONFIG.LISTS",
     ),
     "lynx_pick_kernel": ("CHUNK_T",),
-    "route_kernel": ("ALL_KEPT", "STATIC_KEEP", "ROUTE_MASS", "CHUNK_T", "ROW_WARPS", "GROUP_WARPS"),
+    "route_kernel": ("MASK.ALL_KEPT", "MASK.STATIC_KEEP", "MASS", "CHUNK_T", "ROUTER.ROW_WARPS", "ROUTER.GROUP_WARPS"),
     "fill_kernel": (),
 }
 
@@ -90,17 +91,20 @@ def policies(num_experts: int, folder: Path) -> dict[str, tuple[PrunerConfig, in
 
 
 def _value(name: str, value) -> str | None:
-    if name == "MODE":
-        return Mode(value).name
+    """A shown constexpr as the table writes it: by its field name, a flag when it is one."""
+    name = name.rsplit(".", 1)[-1]
+    if name == "MASS":
+        return None if value is None else "ROUTE_MASS"  # the routing kernel sums the retained mass
     if value is True:
         return name
-    if value is False:
+    if value is False or value is None:
         return None
     return f"{name}={value}"
 
 
 def _signature(launch: Launch) -> tuple:
-    shown = tuple(_value(name, launch.constexprs[name]) for name in SHOWN[launch.kernel])
+    constexprs = flat_constexprs(launch.constexprs) | {"MASS": launch.constexprs.get("MASS")}
+    shown = tuple(_value(name, constexprs.get(name)) for name in SHOWN[launch.kernel])
     return launch.kernel, launch.num_warps, tuple(value for value in shown if value)
 
 

@@ -77,8 +77,8 @@ flock -n 9 || { echo "docker_smoke.sh: another run holds ${TMPDIR:-/tmp}/xshare-
 base_tag() {
     local digest
     digest=$(cd "$ROOT" && find scripts/docker/cpu-base.Dockerfile xshare_sglang/testing/post_import.py \
-        xshare_sglang/testing/standin -type f ! -path '*__pycache__*' | LC_ALL=C sort | xargs sha256sum \
-        | sha256sum | cut -c1-12)
+        xshare_sglang/testing/sgl_kernel_standin.py xshare_sglang/testing/standin -type f ! -path '*__pycache__*' \
+        | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
     echo "xshare-smoke/cpu-base:$digest"
 }
 
@@ -266,6 +266,7 @@ build_base() {
     mkdir -p "$context"
     cp -r "$ROOT/xshare_sglang/testing/standin" "$context/standin"
     cp "$ROOT/xshare_sglang/testing/post_import.py" "$context/post_import.py"
+    cp "$ROOT/xshare_sglang/testing/sgl_kernel_standin.py" "$context/sgl_kernel_standin.py"
     # the host's CA bundle (empty where there is none): pip in the build trusts what the host trusts
     local bundle
     bundle=$(python3 -c 'import ssl; paths = ssl.get_default_verify_paths(); print(paths.cafile or paths.openssl_cafile)')

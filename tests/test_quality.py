@@ -13,16 +13,8 @@ import torch
 
 from tests.forked_runs import run_forked
 from xshare_sglang import PrunerConfig
-from xshare_sglang.tiny.quality import (
-    Interval,
-    QualityRow,
-    QualitySettings,
-    bootstrap_interval,
-    pareto_verdicts,
-    run_quality,
-    teacher_forced_logprobs,
-    token_measures,
-)
+from xshare_sglang.tiny.measures import Interval, bootstrap_interval, teacher_forced_logprobs, token_measures
+from xshare_sglang.tiny.quality import QualityRow, QualitySettings, pareto_verdicts, run_quality
 from xshare_sglang.tiny.spec_eval import default_draft_dir
 from xshare_sglang.tiny.tiny_demo import heldout_windows
 from xshare_sglang.tiny.tiny_model import load_tiny_model, tiny_model_dir

@@ -1,4 +1,4 @@
-"""``xshare-sglang calibrate`` (``xshare_sglang/serving/calibration/static_calibration.py`` and ``recorder_dump.py``).
+"""``xshare-sglang calibrate`` (``xshare_sglang/serving/calibration/``: ``static_calibration.py``, ``server_checks.py``, ``recorder_client.py``, ``workload.py`` and ``recorder_dump.py``).
 
 The dumps are written by SGLang's own expert-distribution recorder (``_ExpertDistributionRecorderReal``
 with its ``stat`` / ``per_pass`` / ``per_token`` gatherers and accumulators, and ``_dump_to_file``), run
@@ -39,7 +39,9 @@ from xshare_sglang.cli import main
 from xshare_sglang.config import PrunerConfig
 from xshare_sglang.serving.ab.ab_server import launch_port
 from xshare_sglang.serving.calibration import recorder_dump as rd
+from xshare_sglang.serving.calibration import server_checks
 from xshare_sglang.serving.calibration import static_calibration as sc
+from xshare_sglang.serving.calibration import workload as wl
 from xshare_sglang.serving.datasets import custom_conversations
 
 # The shipped tiny Qwen3-MoE (4 layers, 32 experts, top-4); SGLang's Qwen3MoeForCausalLM sizes the
@@ -354,7 +356,7 @@ def test_url_flow_runs_the_benchmark_client_and_reads_the_new_dump(sglang_record
         rec.serve(traffic)
         return SimpleNamespace(returncode=0)
 
-    monkeypatch.setattr(sc.subprocess, "run", stand_in_benchmark_client)
+    monkeypatch.setattr(wl.subprocess, "run", stand_in_benchmark_client)
     out = tmp_path / "ranking.json"
     with StandInSGLangServer(rec) as server:
         argv = ["calibrate", "--url", server.url + "/", "-o", str(out), "--dump-dir", str(dump_dir)]
@@ -420,7 +422,7 @@ def test_url_flow_leaves_the_working_directory_empty(sglang_recorders, tmp_path,
     generator.start()
     try:
         assert wait_healthy(generator.url, 60, alive=generator.exit_reason, poll_s=0.2) is None
-        monkeypatch.setattr(sc.subprocess, "run", benchmark_client_against_the_standin)
+        monkeypatch.setattr(wl.subprocess, "run", benchmark_client_against_the_standin)
         monkeypatch.chdir(cwd)
         out = tmp_path / "ranking.json"
         with StandInSGLangServer(rec) as server:
@@ -452,7 +454,7 @@ def test_url_flow_without_workload_and_per_pass_mode(sglang_recorders, tmp_path)
 @pytest.mark.sglang
 def test_failed_workload_still_stops_the_recorder(sglang_recorders, tmp_path, monkeypatch) -> None:
     rec = sglang_recorders("stat")
-    monkeypatch.setattr(sc.subprocess, "run", lambda cmd, **kwargs: SimpleNamespace(returncode=3))
+    monkeypatch.setattr(wl.subprocess, "run", lambda cmd, **kwargs: SimpleNamespace(returncode=3))
     out = tmp_path / "ranking.json"
     with StandInSGLangServer(rec) as server:
         with pytest.raises(SystemExit) as info:
@@ -468,7 +470,7 @@ def test_mt_bench_default_output_len_and_gsm8k_reference_lengths(tmp_path, monke
     reference answer's length (no --sharegpt-output-len); the default prompt count is the whole set."""
     commands = []
     monkeypatch.setattr(
-        sc.subprocess, "run", lambda cmd, **kwargs: commands.append(cmd) or SimpleNamespace(returncode=0)
+        wl.subprocess, "run", lambda cmd, **kwargs: commands.append(cmd) or SimpleNamespace(returncode=0)
     )
     monkeypatch.setattr(sc, "benchmark_client_available", lambda: True)
     client = sc.RecorderClient("http://127.0.0.1:1")
@@ -567,7 +569,7 @@ def test_pruner_set_by_moe_pruner_config_json_is_warned_about(caplog) -> None:
             "expert_distribution_recorder_buffer_size": -1,
             "launch_command": " ".join([*base, *argv]),
         }
-        with caplog.at_level("WARNING", logger=sc.__name__):
+        with caplog.at_level("WARNING", logger=server_checks.__name__):
             assert sc.check_server(info, "http://x:1") == "stat"
         return [r.getMessage() for r in caplog.records]
 

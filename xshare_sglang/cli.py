@@ -30,6 +30,7 @@ import logging
 import sys
 from pathlib import Path
 
+from .cli_common import _configs_file, _console, _progress
 from .config import PrunerConfig
 from .files import InputFileError
 from .replay.configs import DEFAULT_SHAPES, VERIFY_SHAPES
@@ -38,44 +39,6 @@ from .tiny.spec_eval import add_spec_eval_arguments, spec_eval_handler
 logger = logging.getLogger(__name__)
 
 BUNDLED = ("gptoss", "gemma", "tiny")
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(width=max(Console().width, 170))
-
-
-def _progress(console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("left"),
-        TimeRemainingColumn(),
-        console=console,
-    )
-
-
-def _configs_file(path: str) -> list[PrunerConfig]:
-    try:
-        items = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--configs {path}: not a readable JSON file ({exc})") from None
-    if not isinstance(items, list) or not items:
-        raise ValueError(f"--configs {path}: expected a non-empty JSON list of PrunerConfig objects")
-    return [PrunerConfig.load(item) for item in items]
-
 
 # ----------------------------------------------------------------------------------------- demo
 

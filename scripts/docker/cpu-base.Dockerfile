@@ -24,8 +24,10 @@ RUN apt-get update \
 
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --no-cache-dir sglang==0.5.23
 
-# The stand-in and the post-import hook it loads by path (its parent folder's post_import.py).
+# The stand-in and the files it loads by path from its parent folder: the post-import hook
+# (post_import.py) and what it shares with the CUDA stand-in (sgl_kernel_standin.py).
 COPY standin /opt/xshare-cpu/standin
 COPY post_import.py /opt/xshare-cpu/post_import.py
+COPY sgl_kernel_standin.py /opt/xshare-cpu/sgl_kernel_standin.py
 ENV SGLANG_USE_CPU_ENGINE=1 \
     PYTHONPATH=/opt/xshare-cpu/standin

@@ -7,8 +7,8 @@ top-k to distinct experts among ``kept`` experts only, so each kept expert sees 
 tokens.  The table is keyed by (kept, T) and read by the plugin's lookup hook
 (:mod:`xshare_sglang.sglang_plugin.pruned_moe_config`).  The kept counts are the static bounds on
 |keep| of the benchmark's policy grid (what the hook looks up), or given.  The MoE is SGLang's kernel
-as ``bench_moe_layer.py`` loads it (:class:`~xshare_sglang.bench.moe_layer.SglangFusedMoE`), timed
-inside CUDA graphs; every winner is checked against the float32 reference.
+as ``bench_moe_layer.py`` loads it (:class:`~xshare_sglang.bench.moe_layer.sglang_fused.SglangFusedMoE`),
+timed inside CUDA graphs; every winner is checked against the float32 reference.
 """
 
 from __future__ import annotations

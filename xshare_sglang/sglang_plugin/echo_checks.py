@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..spec.echo import EchoCalibration
 from ..spec.echo.settings import EchoSettings
-from .flags import ECHO_FLAGS
+from .flag_table import ECHO_FLAGS
 
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3")
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .flags import FLAG_PREFIX, VERIFY_FLAG
+from .flag_table import FLAG_PREFIX, VERIFY_FLAG
 from .settings import PluginSettings
 
 #: ``--moe-a2a-backend`` values the pruner is exact with (standard dispatch, DeepEP).

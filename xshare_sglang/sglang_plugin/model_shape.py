@@ -239,7 +239,7 @@ def shape_refusal(
     shape : RoutingShape
     blame : callable
         Maps a dotted setting (``"k0"``, ``"verify.k0"``) to ``(flag or variable, exact)``, as
-        :meth:`~xshare_sglang.sglang_plugin.flags.TypedSettings.blame` does.
+        :meth:`~xshare_sglang.sglang_plugin.flag_merge.TypedSettings.blame` does.
     model : str
         The model as the operator named it, for the message.
     """

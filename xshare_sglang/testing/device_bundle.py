@@ -17,6 +17,9 @@ Modules the path imports but never uses are stood in for instead
 
 :func:`filtered_site` builds a folder holding only the allowed distributions of this environment, so
 that a test can import the launcher's modules as the device would find them.
+
+This checkout (:data:`REPO`) and the CUDA stand-in's folder (:func:`cuda_standin_path`) are named here
+too; :mod:`.gpu_server` imports them from this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+#: This checkout (the folder above the ``xshare_sglang`` package).
+REPO = Path(__file__).resolve().parents[2]
 
 #: The bundle folder, relative to the repository root (git-ignored).
 BUNDLE_DIR = ".device_bundle"
@@ -98,6 +104,12 @@ MOE_CONFIGS: tuple[str, ...] = (
     "E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3_down.json",
     "E=128,N=768,device_name=NVIDIA_H200.json",
 )
+
+
+def cuda_standin_path() -> Path:
+    """The folder to put first on ``PYTHONPATH``: the CUDA ``sgl_kernel`` stand-in, its ``sitecustomize``
+    and the empty module stand-ins."""
+    return Path(__file__).resolve().parent / "cuda_standin"
 
 
 def normalize(name: str) -> str:
@@ -283,8 +295,6 @@ def launcher_import_check(
         ``sgl_kernel`` names answered by the stand-in's raising ops (``UNAVAILABLE``) and the modules
         answered by empty stand-ins (``STOOD IN``).
     """
-    from .gpu_server import REPO, cuda_standin_path
-
     site = workdir / "site"
     site.mkdir(parents=True, exist_ok=True)
     filtered_site(site, allowed)

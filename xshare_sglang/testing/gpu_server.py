@@ -41,11 +41,9 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .device_bundle import BUNDLE_DIR, SCALAR_TYPE_FILE, SGLANG_ARCHIVE, WHEEL_DIR
+from .device_bundle import BUNDLE_DIR, REPO, SCALAR_TYPE_FILE, SGLANG_ARCHIVE, WHEEL_DIR, cuda_standin_path
 
 logger = logging.getLogger(__name__)
-
-REPO = Path(__file__).resolve().parents[2]
 
 #: Flags added unless the command line gives them (flag, its values).
 GPU_DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -63,12 +61,6 @@ MODEL_FLAGS = ("--model-path", "--model")
 DEFAULT_LAYERS = 4
 #: Marker written once the site folder is complete (its text: the archive's size and mtime).
 UNPACKED_MARKER = ".unpacked"
-
-
-def cuda_standin_path() -> Path:
-    """The folder to put first on ``PYTHONPATH``: the CUDA ``sgl_kernel`` stand-in, its ``sitecustomize``
-    and the empty module stand-ins."""
-    return Path(__file__).resolve().parent / "cuda_standin"
 
 
 def qwen3_30b_a3b_config(layers: int = DEFAULT_LAYERS, vocab_size: int = 4096) -> dict:

@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+from ..cli_common import _configs_file, _console, _progress
 from ..config import PrunerConfig
 
 QUALITY_HELP = "teacher-forced quality of every policy on the tiny MoE model: KL, top-1 agreement, NLL change"
@@ -109,8 +110,6 @@ def quality_handler(args: argparse.Namespace) -> int:
 
         calibrate_model_dir(model_dir, settings, calibration)
     if args.configs:
-        from ..cli import _configs_file
-
         configs = _configs_file(args.configs)
     elif args.study:
         configs = study_configs(top_k, num_experts, calibration)
@@ -120,8 +119,6 @@ def quality_handler(args: argparse.Namespace) -> int:
         configs = [PrunerConfig(policy="none"), *configs]
 
     from rich.console import Console
-
-    from ..cli import _console, _progress
 
     console = Console(width=max(_console().width, 200))  # the intervals make a wide table
     console.print(

@@ -30,6 +30,7 @@ from ..config import PrunerConfig
 from ..spec.echo import EchoCalibration, calibrate, read_echo_log
 from ..spec.echo.calibrate import DEFAULT_AUC_THRESHOLD
 from ..spec.echo.report import calibration_table
+from .measures import bootstrap_interval
 from .tiny_demo import heldout_texts
 from .tiny_model import DOMAINS, load_tiny_model, tiny_model_dir
 from .tiny_spec import MODES, SpecRun, SpecSettings, greedy_reference, model_probs, policy_label, speculative_generate
@@ -82,8 +83,6 @@ def pruned_verify_configs(top_k: int, num_experts: int) -> list[PrunerConfig]:
 
 def acceptance_interval(run: SpecRun, resamples: int = 1000, seed: int = 0) -> dict:
     """Mean accepted draft tokens per request and step, with a 95% bootstrap interval over requests."""
-    from .quality import bootstrap_interval
-
     per_request = torch.tensor(run.accepted_by_request, dtype=torch.float64)[:, None] / max(run.steps, 1)
     interval = bootstrap_interval(per_request, resamples, torch.Generator().manual_seed(seed))
     return {"mean": interval.mean, "low": interval.low, "high": interval.high}

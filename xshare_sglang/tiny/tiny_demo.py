@@ -23,7 +23,7 @@ import torch
 from ..config import PrunerConfig
 from ..replay.cost import modeled_speedup
 from ..replay.trace import Trace
-from .quality import Interval
+from .measures import METRICS, Interval, bootstrap_interval, teacher_forced_logprobs, token_measures
 from .tiny_model import DOMAINS, RouterHook, tiny_model_dir
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,6 @@ def run_demo(
     With ``trace_path``, the router logits of the first config's generation are recorded there as an
     ``xshare-trace`` (requests labelled by domain).
     """
-    from .quality import METRICS, bootstrap_interval, teacher_forced_logprobs, token_measures
     from .tiny_model import load_tiny_model
 
     model_dir = Path(model_dir) if model_dir else tiny_model_dir()

@@ -6,7 +6,7 @@ such dumps in a folder, reads and validates them, sums their logical expert coun
 (:func:`read_dump`), and writes the JSON file that ``--moe-pruner moe-spec --moe-pruner-ranking static
 --moe-pruner-static-ranking-path`` reads (:func:`write_static_ranking`, checked with
 :func:`xshare_sglang.calibration_file.load_static_ranking` before it replaces the target).  Driving a server's
-recorder is :mod:`xshare_sglang.serving.calibration.static_calibration`'s job.
+recorder is :mod:`xshare_sglang.serving.calibration.recorder_client`'s job.
 
 Dump layouts
 ------------

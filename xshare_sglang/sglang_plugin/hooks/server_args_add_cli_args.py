@@ -8,7 +8,7 @@ Remove when: SGLang offers plugins a declared way to contribute CLI arguments.
 
 from __future__ import annotations
 
-from ..flags import add_flags
+from ..flag_parser import add_flags
 
 TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
 KIND = "after"

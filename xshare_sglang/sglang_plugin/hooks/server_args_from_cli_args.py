@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import os
 
-from ..flags import typed_settings, usage_error
+from ..flag_errors import usage_error
+from ..flag_merge import typed_settings
 from ..settings import ADAPTIVE_ENV_VAR, ENV_VAR, environment_settings
 
 logger = logging.getLogger(__name__)

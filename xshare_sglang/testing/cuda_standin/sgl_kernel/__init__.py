@@ -22,10 +22,8 @@ Never install this in production.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import sys
 from pathlib import Path
 
 from ._ops import (
@@ -43,6 +41,7 @@ from ._ops import (
     topk_softmax,
     unavailable,
 )
+from ._ops import shared as _shared
 
 logger = logging.getLogger(__name__)
 
@@ -58,23 +57,17 @@ def _scalar_type_file() -> Path:
     given = os.environ.get(SCALAR_TYPE_ENV)
     if given:
         return Path(given)
-    here = Path(__file__).resolve().parent
-    for entry in sys.path:
-        candidate = Path(entry or ".").resolve() / "sgl_kernel" / "scalar_type.py"
-        if candidate.parent != here and candidate.is_file():
-            return candidate
-    raise ImportError(
-        f"the CUDA sgl_kernel stand-in needs the real wheel's scalar_type.py: set {SCALAR_TYPE_ENV} "
-        "(the device bundle carries it) or install sglang-kernel"
-    )
+    found = _shared.wheel_scalar_type_file(Path(__file__).resolve().parent)
+    if found is None:
+        raise ImportError(
+            f"the CUDA sgl_kernel stand-in needs the real wheel's scalar_type.py: set {SCALAR_TYPE_ENV} "
+            "(the device bundle carries it) or install sglang-kernel"
+        )
+    return found
 
 
 def _load_scalar_type():
-    spec = importlib.util.spec_from_file_location(f"{__name__}.scalar_type", _scalar_type_file())
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return _shared.load_scalar_type(__name__, _scalar_type_file())
 
 
 scalar_type = _load_scalar_type()

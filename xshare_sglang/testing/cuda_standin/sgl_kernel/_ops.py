@@ -42,13 +42,29 @@ Any other name SGLang imports from ``sgl_kernel`` resolves to :func:`unavailable
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
+
+
+def _load_shared() -> ModuleType:
+    """``xshare_sglang/testing/sgl_kernel_standin.py`` (what both stand-ins share), loaded by its path from
+    the folder above this stand-in's: the stand-in runs where ``xshare_sglang`` need not be importable."""
+    path = Path(__file__).resolve().parents[2] / "sgl_kernel_standin.py"
+    spec = importlib.util.spec_from_file_location("xshare_sgl_kernel_standin", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+shared = _load_shared()
 
 
 def unavailable(name: str) -> Callable[..., None]:
@@ -60,14 +76,12 @@ def unavailable(name: str) -> Callable[..., None]:
         The op's name in ``sgl_kernel``; the error names it.
     """
 
-    def op(*args, **kwargs):
-        raise NotImplementedError(
-            f"sgl_kernel.{name} is not implemented by xshare_sglang.testing's CUDA stand-in "
-            "(the feature that calls it cannot run in a GPU test server)"
-        )
-
-    op.__name__ = op.__qualname__ = name
-    return op
+    return shared.unavailable(
+        name,
+        f"sgl_kernel.{name} is not implemented by xshare_sglang.testing's CUDA stand-in "
+        "(the feature that calls it cannot run in a GPU test server)",
+        __name__,
+    )
 
 
 # --------------------------------------------------------------------------------------------- norms

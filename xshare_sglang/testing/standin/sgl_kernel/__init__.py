@@ -20,8 +20,6 @@ are deliberately absent, so SGLang takes its own fallbacks.  Never install this 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from ._ops import (
@@ -34,6 +32,7 @@ from ._ops import (
     fill_bonus_tokens_cpu,
     verify_tree_greedy_cpu,
 )
+from ._ops import shared as _shared
 
 __version__ = "0.0.0+xshare-cpu-standin"
 
@@ -42,20 +41,13 @@ STANDIN = True  # lets a caller tell this package from the real one
 
 def _load_wheel_scalar_type():
     """Import ``sgl_kernel/scalar_type.py`` of the installed wheel (pure Python) as a submodule."""
-    here = Path(__file__).resolve().parent
-    for entry in sys.path:
-        candidate = Path(entry or ".").resolve() / "sgl_kernel" / "scalar_type.py"
-        if candidate.parent == here or not candidate.is_file():
-            continue
-        spec = importlib.util.spec_from_file_location(f"{__name__}.scalar_type", candidate)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-    raise ImportError(
-        "the sgl_kernel stand-in needs the installed sglang-kernel wheel for scalar_type.py "
-        "(pip install sglang installs it)"
-    )
+    path = _shared.wheel_scalar_type_file(Path(__file__).resolve().parent)
+    if path is None:
+        raise ImportError(
+            "the sgl_kernel stand-in needs the installed sglang-kernel wheel for scalar_type.py "
+            "(pip install sglang installs it)"
+        )
+    return _shared.load_scalar_type(__name__, path)
 
 
 scalar_type = _load_wheel_scalar_type()

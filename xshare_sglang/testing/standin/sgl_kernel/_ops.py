@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
 
+def _load_shared() -> ModuleType:
+    """``xshare_sglang/testing/sgl_kernel_standin.py`` (what both stand-ins share), loaded by its path from
+    the folder above this stand-in's: the stand-in runs where ``xshare_sglang`` need not be importable."""
+    path = Path(__file__).resolve().parents[2] / "sgl_kernel_standin.py"
+    spec = importlib.util.spec_from_file_location("xshare_sgl_kernel_standin", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+shared = _load_shared()
+
+
 def unavailable(name: str) -> Callable[..., None]:
     """An op that SGLang imports but the stand-in does not implement: calling it raises."""
-
-    def op(*args, **kwargs):
-        raise NotImplementedError(
-            f"sgl_kernel.{name} is not available on CPU: xshare_sglang.testing's sgl_kernel stand-in "
-            "does not implement it (the feature that calls it cannot run in a CPU test server)"
-        )
-
-    op.__name__ = op.__qualname__ = name
-    return op
+    return shared.unavailable(
+        name,
+        f"sgl_kernel.{name} is not available on CPU: xshare_sglang.testing's sgl_kernel stand-in "
+        "does not implement it (the feature that calls it cannot run in a CPU test server)",
+        __name__,
+    )
 
 
 def _request_slices(

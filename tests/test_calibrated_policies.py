@@ -341,7 +341,7 @@ def test_kernel_runs_a_one_row_coverage_call_as_the_router_ranking(num_experts: 
 def _selection_launches(warp_picks: bool, monkeypatch):
     """Record the keyword arguments of every selection-kernel launch (the routing kernel's are left
     out), with the calibrated rankings' picks in every warp or, ``warp_picks=False``, block-wide (the
-    other side of the A/B, ``bench_selection.py --block-picks``)."""
+    path above :data:`~xshare_sglang.kernels.plan.split.WARP_PICKS_MAX_EXPERTS` experts, forced here)."""
     from xshare_sglang.kernels import jit
 
     if not warp_picks:

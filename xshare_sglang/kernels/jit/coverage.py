@@ -126,53 +126,41 @@ def coverage_pair_picks(
 
 
 @triton.jit
-def add_coverage_rows(
-    coverage,
-    q,
-    rank,
-    row_ok,
-    rows,
-    in_block,
-    e,
-    e_ok,
-    num_experts,
-    top_k,
-    COVER_PAIRS: tl.constexpr,
-    COVER_LISTS: tl.constexpr,
-):
+def add_coverage_rows(coverage, call, policy, q, rank, row_ok, rows, in_block, e, e_ok, READ: tl.constexpr):
     """A tile's part of the coverage greedy's inputs, from its fixed-point scores ``q`` [rows, E]: with
-    ``COVER_PAIRS`` (top-k scores above one program) its pair sums added into ``C``; otherwise every
-    row's scores stored (0 on rows that do not vote), and with ``COVER_LISTS`` each voting row joins
+    ``READ.COVER_PAIRS`` (top-k scores above one program) its pair sums added into ``C``; otherwise every
+    row's scores stored (0 on rows that do not vote), and with ``READ.COVER_LISTS`` each voting row joins
     the list of every expert it scores, so a pick revisits only the rows whose coverage it changes."""
-    row_scores_ptr = coverage.row_scores_ptr
-    cover_rows_ptr = coverage.cover_rows_ptr
-    cover_count_ptr = coverage.cover_count_ptr
-    cover_capacity = coverage.cover_capacity
-    cover_pairs_ptr = coverage.cover_pairs_ptr
-    if COVER_PAIRS:
+    if READ.COVER_PAIRS:
         # each voting row adds c[t, i] * c[t, j] to C[i, j] for every pair of its scored experts, one
         # of its picks at a time
         cq = tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS)
         # a score and its expert in one int32 (c <= 2**16, ids below 1024): one reduction per pick
         packed = (cq.to(tl.int32) << 10) | e[None, :]
-        for b in range(0, top_k):
+        for b in range(0, policy.top_k):
             picked_b = tl.sum(tl.where(rank == b, packed, 0), axis=1)
             id_b = picked_b & 1023
             cq_b = (picked_b >> 10).to(tl.int64)
             # (the diagonal is never read: a kept expert's own gain no longer counts)
             tl.atomic_add(
-                cover_pairs_ptr + id_b.to(tl.int64)[:, None] * num_experts + e[None, :],
+                coverage.cover_pairs_ptr + id_b.to(tl.int64)[:, None] * call.num_experts + e[None, :],
                 cq * cq_b[:, None],
                 mask=(in_block & (cq_b != 0))[:, None] & (cq != 0) & (e[None, :] != id_b[:, None]),
                 sem="relaxed",
             )
     else:
         tl.store(
-            row_scores_ptr + rows[:, None] * num_experts + e[None, :],
+            coverage.row_scores_ptr + rows[:, None] * call.num_experts + e[None, :],
             tl.where(row_ok[:, None], q, 0).to(tl.int32),
             mask=in_block[:, None] & e_ok[None, :],
         )
-        if COVER_LISTS:
+        if READ.COVER_LISTS:
             listed = (in_block & row_ok)[:, None] & e_ok[None, :] & (q != 0)
-            slot = tl.atomic_add(cover_count_ptr + (e[None, :] + 0 * rows[:, None]), 1, mask=listed, sem="relaxed")
-            tl.store(cover_rows_ptr + e[None, :] * cover_capacity + slot, rows[:, None] + 0 * e[None, :], mask=listed)
+            slot = tl.atomic_add(
+                coverage.cover_count_ptr + (e[None, :] + 0 * rows[:, None]), 1, mask=listed, sem="relaxed"
+            )
+            tl.store(
+                coverage.cover_rows_ptr + e[None, :] * coverage.cover_capacity + slot,
+                rows[:, None] + 0 * e[None, :],
+                mask=listed,
+            )

@@ -101,31 +101,38 @@ def lynx_s_ranks(
 
 @triton.jit
 def lynx_picks(
-    logits_ptr,
-    stride_t,
-    stride_e,
+    call,
+    policy,
     first_row,
     end_row,
     n_valid,
-    weights_ptr,
     s_rank,
     e,
     e_ok,
-    top_k,
-    alpha,
-    beta,
     HAS_WEIGHTS: tl.constexpr,
     KEY_SHIFT: tl.constexpr,
     BLOCK_E: tl.constexpr,
     CHUNK_T: tl.constexpr,
 ):
     """Union of the LYNX picks of the voting rows in [first_row, end_row): each row's top_k by (bin
-    desc, s desc, logit desc, index asc)."""
+    desc, s desc, logit desc, index asc).  ``call`` and ``policy`` are the kernel's bundles (``policy``
+    holds ``top_k``, ``alpha`` and ``beta``)."""
+    alpha = policy.alpha
+    beta = policy.beta
     picked_any = tl.zeros([BLOCK_E], tl.int32)
     for c in range(first_row, end_row, CHUNK_T):
         rows = c + tl.arange(0, CHUNK_T)
         x, row_ok, _ = load_rows(
-            logits_ptr, stride_t, stride_e, rows, rows < end_row, n_valid, e, e_ok, weights_ptr, HAS_WEIGHTS
+            call.logits_ptr,
+            call.stride_t,
+            call.stride_e,
+            rows,
+            rows < end_row,
+            n_valid,
+            e,
+            e_ok,
+            call.weights_ptr,
+            HAS_WEIGHTS,
         )
         depth = lynx_depths(x, alpha, beta)
         open_ = (x > float("-inf")) & row_ok[:, None] & e_ok[None, :]
@@ -136,7 +143,7 @@ def lynx_picks(
         fine = pack_key(x, e[None, :], open_, KEY_SHIFT).to(tl.int64) + (1 << 41)
         key = tl.where(open_, (coarse << 42) | fine, -1)
         picked = tl.zeros(x.shape, tl.int32)
-        for _ in range(0, top_k):
+        for _ in range(0, policy.top_k):
             best = tl.max(key, axis=1)
             chosen = (key == best[:, None]) & (best[:, None] >= 0)
             picked = tl.where(chosen, 1, picked)
@@ -154,18 +161,18 @@ def lynx_order(
     n_valid,
     e,
     e_ok,
+    ROWS: tl.constexpr,
+    SCORES: tl.constexpr,
+    READ: tl.constexpr,
     SINGLE: tl.constexpr,
-    HAS_WEIGHTS: tl.constexpr,
-    KEY_SHIFT: tl.constexpr,
     BLOCK_E: tl.constexpr,
-    BLOCK_BINS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    CHUNK_T: tl.constexpr,
 ):
     """In the selection's last program: the experts' ranks by LYNX's batch order ``s`` from the call's
     bin counts [E, BINS]; in one program also every row's picks, whose union it returns [E] int32;
     above, it stores the ranks for ``lynx_pick_kernel``, which takes the picks and finishes the mask
-    (returns zeros)."""
+    (returns zeros).  The constexpr bundles are the selection kernel's
+    (:mod:`xshare_sglang.kernels.bundles`)."""
+    BLOCK_BINS: tl.constexpr = READ.BLOCK_BINS
     s_rank = lynx_s_ranks(
         counts.to(tl.int64),
         tl.maximum(n_valid, 1),
@@ -176,27 +183,22 @@ def lynx_order(
         e_ok,
         BLOCK_E,
         BLOCK_BINS,
-        CHUNK,
+        READ.LYNX_CHUNK,
     )
     if SINGLE:
         return lynx_picks(
-            call.logits_ptr,
-            call.stride_t,
-            call.stride_e,
+            call,
+            policy,
             0,
             call.num_tokens,
             n_valid,
-            call.weights_ptr,
             s_rank,
             e,
             e_ok,
-            policy.top_k,
-            policy.alpha,
-            policy.beta,
-            HAS_WEIGHTS,
-            KEY_SHIFT,
+            ROWS.HAS_WEIGHTS,
+            SCORES.KEY_SHIFT,
             BLOCK_E,
-            CHUNK_T,
+            READ.CHUNK_T,
         )
     else:
         tl.store(lynx.s_rank_ptr + e, s_rank, mask=e_ok)

@@ -47,24 +47,9 @@ def lynx_pick_kernel(
     n_valid = num_valid_tokens(call.n_valid_ptr, call.n_valid_arg, num_tokens, ROWS.HAS_NV_PTR)
     s_rank = tl.load(workspace.s_rank_ptr + e, mask=e_ok, other=0)
     first_row = pid * CHUNK_T
+    end_row = tl.minimum(first_row + CHUNK_T, num_tokens)
     picked = lynx_picks(
-        call.logits_ptr,
-        call.stride_t,
-        call.stride_e,
-        first_row,
-        tl.minimum(first_row + CHUNK_T, num_tokens),
-        n_valid,
-        call.weights_ptr,
-        s_rank,
-        e,
-        e_ok,
-        policy.top_k,
-        policy.alpha,
-        policy.beta,
-        ROWS.HAS_WEIGHTS,
-        KEY_SHIFT,
-        BLOCK_E,
-        CHUNK_T,
+        call, policy, first_row, end_row, n_valid, s_rank, e, e_ok, ROWS.HAS_WEIGHTS, KEY_SHIFT, BLOCK_E, CHUNK_T
     )
     tl.atomic_max(picked_ptr + e, picked, mask=e_ok & (picked != 0))
     tl.debug_barrier()

@@ -2,10 +2,10 @@
 
 A grid of P programs over the tokens, in five phases:
 
-1. **load** (:func:`read_rows`, a request at a time by :func:`read_request`, a tile at a time by
-   :func:`read_tile`): each program reads its rows once (requests never straddle programs)
-   and builds its share: aggregate scores, warm-up and per-request sets, LYNX bin counts, the coverage
-   ranking's column sums and pair sums or row lists;
+1. **load** (:func:`read_rows`, a request at a time, each a tile at a time by :func:`read_tile`): each
+   program reads its rows once (requests never straddle programs) and builds its share: aggregate
+   scores, warm-up and per-request sets, LYNX bin counts, the coverage ranking's column sums and pair
+   sums or row lists;
 2. **share** (:func:`add_share`): above one program, each adds its share into the workspace's
    accumulators with integer atomics, then takes a ticket (acquire-release);
 3. **rule**: the program holding the last ticket loads the accumulators (:func:`load_shares`) and
@@ -88,78 +88,8 @@ def read_tile(
             if READ.COVERAGE and not SINGLE:
                 cover_agg += tl.sum(tl.where(row_ok[:, None], q, 0) >> (SCORE_BITS - COVER_BITS), axis=0)
             if READ.COVERAGE:
-                add_coverage_rows(
-                    coverage,
-                    q,
-                    rank,
-                    row_ok,
-                    rows,
-                    in_block,
-                    e,
-                    e_ok,
-                    call.num_experts,
-                    policy.top_k,
-                    READ.COVER_PAIRS,
-                    READ.COVER_LISTS,
-                )
+                add_coverage_rows(coverage, call, policy, q, rank, row_ok, rows, in_block, e, e_ok, READ)
     return votes_r, counts, warm_r, agg_r, cover_agg
-
-
-@triton.jit
-def read_request(
-    call,
-    split,
-    policy,
-    coverage,
-    r0,
-    first_row,
-    num_rows,
-    n_valid,
-    n_iter,
-    scoring,
-    e,
-    e_ok,
-    counts,
-    cover_agg,
-    ROWS: tl.constexpr,
-    SCORES: tl.constexpr,
-    READ: tl.constexpr,
-    SINGLE: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-):
-    """The per-request reader: the rows of the request that starts at row ``r0`` of this program, a
-    tile at a time (:func:`read_tile`).  Returns its aggregate [E] int64, warm-up marks [E] int32 and
-    votes, and the program's LYNX counts and coverage column sums with its rows added."""
-    agg_r = tl.zeros([BLOCK_E], tl.int64)
-    warm_r = tl.zeros([BLOCK_E], tl.int32)
-    votes_r = tl.zeros([], tl.int32)
-    for c in range(0, split.rows_per_request, READ.CHUNK_T):
-        offs = r0 + c + tl.arange(0, READ.CHUNK_T)
-        in_block = (offs < num_rows) & (offs < r0 + split.rows_per_request)
-        rows = first_row + offs
-        votes_r, counts, warm_r, agg_r, cover_agg = read_tile(
-            call,
-            policy,
-            coverage,
-            rows,
-            in_block,
-            n_valid,
-            n_iter,
-            scoring,
-            e,
-            e_ok,
-            votes_r,
-            counts,
-            warm_r,
-            agg_r,
-            cover_agg,
-            ROWS,
-            SCORES,
-            READ,
-            SINGLE,
-            BLOCK_E,
-        )
-    return agg_r, warm_r, votes_r, counts, cover_agg
 
 
 @triton.jit
@@ -179,9 +109,10 @@ def read_rows(
     SINGLE: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):
-    """Phase 1: this program's share of the call, from its rows, a request at a time
-    (:func:`read_request`): aggregate scores [E] int64, the coverage ranking's column sums [E] int64,
-    warm-up and per-request marks [E] int32, LYNX bin counts [E, BINS] int32.  Every rule that reads
+    """Phase 1: this program's share of the call, from its rows, a request at a time (each a tile at a
+    time, :func:`read_tile`, then the request's own set): aggregate scores [E] int64, the coverage
+    ranking's column sums [E] int64, warm-up and per-request marks [E] int32, LYNX bin counts [E, BINS]
+    int32.  Every rule that reads
     marks (``READ.MARKS``) reads the rows; the others (``keep_all``, ``static``) only for the aggregates
     (the metrics), and only in calls that add them (``scoring``)."""
     BLOCK_BINS: tl.constexpr = READ.BLOCK_BINS
@@ -202,27 +133,36 @@ def read_rows(
         else:
             rows_read = tl.where(scoring, num_rows, 0)  # the rows hold nothing else for these rules
         for r0 in range(0, rows_read, split.rows_per_request):
-            agg_r, warm_r, votes_r, counts, cover_agg = read_request(
-                call,
-                split,
-                policy,
-                coverage,
-                r0,
-                first_row,
-                num_rows,
-                n_valid,
-                n_iter,
-                scoring,
-                e,
-                e_ok,
-                counts,
-                cover_agg,
-                ROWS,
-                SCORES,
-                READ,
-                SINGLE,
-                BLOCK_E,
-            )
+            # one request's rows, a tile at a time
+            agg_r = tl.zeros([BLOCK_E], tl.int64)
+            warm_r = tl.zeros([BLOCK_E], tl.int32)
+            votes_r = tl.zeros([], tl.int32)
+            for c in range(0, split.rows_per_request, READ.CHUNK_T):
+                offs = r0 + c + tl.arange(0, READ.CHUNK_T)
+                in_block = (offs < num_rows) & (offs < r0 + split.rows_per_request)
+                rows = first_row + offs
+                votes_r, counts, warm_r, agg_r, cover_agg = read_tile(
+                    call,
+                    policy,
+                    coverage,
+                    rows,
+                    in_block,
+                    n_valid,
+                    n_iter,
+                    scoring,
+                    e,
+                    e_ok,
+                    votes_r,
+                    counts,
+                    warm_r,
+                    agg_r,
+                    cover_agg,
+                    ROWS,
+                    SCORES,
+                    READ,
+                    SINGLE,
+                    BLOCK_E,
+                )
             agg += agg_r
             warm = tl.maximum(warm, warm_r)
             if READ.PER_REQUEST:
@@ -366,22 +306,7 @@ def select_kernel(
         if not SINGLE:
             agg, warm, base, counts = load_shares(shares, agg, warm, base, counts, e, e_ok, SCORES, READ)
         if READ.LYNX:
-            base = lynx_order(
-                lynx,
-                call,
-                policy,
-                counts,
-                n_valid,
-                e,
-                e_ok,
-                SINGLE,
-                ROWS.HAS_WEIGHTS,
-                SCORES.KEY_SHIFT,
-                BLOCK_E,
-                READ.BLOCK_BINS,
-                READ.LYNX_CHUNK,
-                READ.CHUNK_T,
-            )
+            base = lynx_order(lynx, call, policy, counts, n_valid, e, e_ok, ROWS, SCORES, READ, SINGLE, BLOCK_E)
     if READ.LYNX and not SINGLE:
         finish = False  # lynx_pick_kernel finishes the mask
     else:
